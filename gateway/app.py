@@ -1,0 +1,34 @@
+"""create_app(settings): lifespan, routers and error handling, assembled in one place."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway.api.errors import install_error_handlers
+from gateway.api.health import build_health_router
+from gateway.api.openai_routes import build_router
+from gateway.services import Services
+from gateway.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = Services.build(settings)
+        app.state.services = services
+        services.start_background()
+        try:
+            yield
+        finally:
+            await services.aclose()
+
+    app = FastAPI(title="gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    app.include_router(build_health_router())
+    app.include_router(build_router())
+    return app

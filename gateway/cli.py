@@ -1,0 +1,114 @@
+"""`gateway serve | demo | policy check | keys new | sim` (also `python -m gateway`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from gateway.auth.keys import key_digest, new_api_key
+from gateway.routing.loader import PolicyInvalid, load_policy_file
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    policy = args.policy or os.environ.get("GATEWAY_POLICY")
+    if not policy:
+        print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
+        return 2
+    if check_policy(policy) != 0:
+        return 1
+    os.environ["GATEWAY_POLICY"] = str(Path(policy).resolve())
+    uvicorn.run(
+        "gateway.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def check_policy(path: str) -> int:
+    try:
+        policy = load_policy_file(path)
+    except PolicyInvalid as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    print(f"{path}: ok ({len(policy.upstreams)} upstreams, {len(policy.models)} models, "
+          f"{len(policy.tenants)} tenants, {len(policy.routes)} routes)")
+    return 0
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    return max(check_policy(path) for path in args.files)
+
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    key = new_api_key()
+    print(f"API key for tenant `{args.tenant}` (shown once; give it to the application):\n  {key}\n")
+    print("Add this line under the tenant's `api_keys:` in the policy:")
+    print(f'  - "{key_digest(key)}"')
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description="Cost-aware OpenAI-compatible model gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=cmd_serve)
+
+    demo = sub.add_parser("demo", help="run the simulators and a gateway in front of them")
+    demo.add_argument("--port", type=int, default=8080)
+    demo.add_argument("--hosted-port", type=int, default=9100)
+    demo.add_argument("--vllm-port", type=int, default=9200)
+    demo.set_defaults(func=cmd_demo)
+
+    policy = sub.add_parser("policy", help="policy file tools")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    check = policy_sub.add_parser("check", help="validate policy files; exit 1 with the problems")
+    check.add_argument("files", nargs="+")
+    check.set_defaults(func=cmd_policy_check)
+
+    keys = sub.add_parser("keys", help="API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    new = keys_sub.add_parser("new", help="mint a key and print its policy line")
+    new.add_argument("--tenant", required=True)
+    new.set_defaults(func=cmd_keys_new)
+
+    from gateway.sim.cli import add_sim_commands
+
+    add_sim_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

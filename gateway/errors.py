@@ -1,0 +1,128 @@
+"""The one error tree. Each error knows its HTTP status, OpenAI error `type` and `code`,
+and whether retrying can help; one handler renders them all in OpenAI's shape.
+
+Imports nothing from the package, so every layer may raise these.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class GatewayError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = dict(headers or {})
+
+    @property
+    def http_status(self) -> int:
+        return self.status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response_headers(self) -> dict[str, str]:
+        # The openai SDK honours x-should-retry over its own status rules.
+        return {"x-should-retry": "true" if self.retryable else "false", **self.headers}
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class MalformedJSON(InvalidRequest):
+    code = "invalid_json"
+
+
+class AuthenticationFailed(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+    retryable = True
+
+
+class BudgetExceeded(GatewayError):
+    """A budget (tenant period or task) cannot cover the request's worst-case cost."""
+
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+    retryable = True
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    type = "timeout"
+    code = "upstream_timeout"
+    retryable = True
+
+
+class NotReady(GatewayError):
+    status = 503
+    type = "server_error"
+    code = "not_ready"
+    retryable = True
+
+
+class AllUpstreamsFailed(UpstreamError):
+    """Carries each attempt's error so the client and the log see why every target failed."""
+
+    def __init__(self, errors: list[GatewayError]) -> None:
+        last = errors[-1]
+        detail = "; ".join(f"attempt {i + 1}: {e.message}" for i, e in enumerate(errors))
+        super().__init__(f"all upstream attempts failed ({detail})")
+        self.errors = errors
+        self._last = last
+
+    @property
+    def http_status(self) -> int:
+        # A timeout on the final attempt is still a timeout to the client (504).
+        return self._last.http_status
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["error"]["code"] = type(self.errors[-1]).code
+        return body

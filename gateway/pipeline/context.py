@@ -1,0 +1,73 @@
+"""RequestContext: everything one client request accumulates on its way through the
+stages. Stages read and write it; nothing else carries per-request state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.routing.resolved import ModelTarget
+from gateway.telemetry.timeline import Timeline
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def from_openai(cls, usage: dict[str, Any]) -> Usage:
+        prompt = usage.get("prompt_tokens_details") or {}
+        completion = usage.get("completion_tokens_details") or {}
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            cached_tokens=int(prompt.get("cached_tokens") or 0),
+            cache_write_tokens=int(prompt.get("cache_write_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            reasoning_tokens=int(completion.get("reasoning_tokens") or 0),
+        )
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One upstream attempt; every one is booked, whatever its outcome."""
+
+    target: ModelTarget
+    timeline: Timeline
+    status: str = "pending"  # ok | error | timeout | cancelled | cut | pending
+    http_status: int | None = None
+    replica: str | None = None
+    provider_request_id: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class RequestContext:
+    request_id: str
+    endpoint: str  # chat.completions | completions | embeddings
+    path: str  # upstream path, e.g. /chat/completions
+    timeline: Timeline = field(default_factory=Timeline)
+    tenant: str = ""
+    key_id: str = ""
+    task_id: str | None = None
+    task_class: str | None = None
+    deadline: float = 0.0  # monotonic seconds
+    body: dict[str, Any] = field(default_factory=dict)
+    requested_model: str = ""
+    stream: bool = False
+    client_wants_usage: bool = False
+    prompt_tokens_estimate: int = 0
+    max_output_tokens: int = 0
+    route: str | None = None
+    targets: list[ModelTarget] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    status: int = 200
+    response_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def final_attempt(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None

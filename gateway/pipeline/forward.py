@@ -1,0 +1,172 @@
+"""The upstream call: one attempt against one target, non-streaming or streamed
+through chunk by chunk, always inside the request's deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.pipeline.context import Attempt, RequestContext, Usage
+from gateway.routing.resolved import ModelTarget
+from gateway.telemetry.timeline import Timeline
+from gateway.upstreams.base import Upstream, UpstreamStream
+from gateway.upstreams.sse import SseRelay
+from gateway.upstreams.translate import error_from_reply
+
+MAX_ERROR_BODY = 64 * 1024
+
+
+def remaining_s(ctx: RequestContext) -> float:
+    left = ctx.deadline - time.monotonic()
+    if left <= 0:
+        raise UpstreamTimeout("the request deadline passed before the upstream answered")
+    return left
+
+
+def _new_attempt(ctx: RequestContext, target: ModelTarget) -> Attempt:
+    attempt = Attempt(target=target, timeline=Timeline())
+    attempt.timeline.mark("upstream_start")
+    if ctx.timeline.upstream_start is None:
+        ctx.timeline.upstream_start = attempt.timeline.upstream_start
+    ctx.attempts.append(attempt)
+    return attempt
+
+
+def _fail(attempt: Attempt, error: GatewayError, status: str = "error") -> GatewayError:
+    attempt.status = "timeout" if isinstance(error, UpstreamTimeout) else status
+    attempt.error = error.message
+    attempt.timeline.mark("end")
+    return error
+
+
+async def send_once(
+    ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes
+) -> tuple[dict[str, Any], bytes]:
+    """Returns the parsed upstream body and its raw bytes (passed to the client as-is)."""
+    attempt = _new_attempt(ctx, target)
+    try:
+        timeout = remaining_s(ctx)
+        async with asyncio.timeout(timeout):
+            reply = await upstream.send(ctx.path, payload, timeout)
+    except TimeoutError:
+        raise _fail(attempt, UpstreamTimeout(f"upstream `{upstream.name}` did not answer before the request deadline")) from None
+    except GatewayError as exc:
+        raise _fail(attempt, exc) from None
+    except asyncio.CancelledError:
+        _fail(attempt, UpstreamError("the client went away"), status="cancelled")
+        raise
+    attempt.http_status = reply.status
+    attempt.replica = reply.replica
+    attempt.provider_request_id = reply.headers.get("x-request-id")
+    attempt.timeline.mark("end")
+    if reply.status != 200:
+        raise _fail(attempt, error_from_reply(upstream.name, reply.status, reply.headers, reply.body, upstream.secrets))
+    try:
+        body = orjson.loads(reply.body)
+        if not isinstance(body, dict):
+            raise ValueError("not an object")
+    except (orjson.JSONDecodeError, ValueError):
+        raise _fail(attempt, UpstreamError(f"upstream `{upstream.name}` sent a malformed response (not a JSON object)")) from None
+    usage = body.get("usage")
+    attempt.usage = Usage.from_openai(usage) if isinstance(usage, dict) else None
+    attempt.status = "ok"
+    attempt.timeline.first_token = attempt.timeline.last_token = attempt.timeline.end
+    return body, reply.body
+
+
+async def open_stream(ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:
+    attempt = _new_attempt(ctx, target)
+    try:
+        timeout = remaining_s(ctx)
+        async with asyncio.timeout(timeout):
+            stream = await upstream.open_stream(ctx.path, payload, timeout)
+    except TimeoutError:
+        raise _fail(attempt, UpstreamTimeout(f"upstream `{upstream.name}` did not start answering before the request deadline")) from None
+    except GatewayError as exc:
+        raise _fail(attempt, exc) from None
+    attempt.http_status = stream.status
+    attempt.replica = stream.replica
+    attempt.provider_request_id = stream.headers.get("x-request-id")
+    if stream.status != 200:
+        try:
+            body = await _read_bounded(stream)
+        finally:
+            await stream.aclose()
+        raise _fail(attempt, error_from_reply(upstream.name, stream.status, stream.headers, body, upstream.secrets))
+    return attempt, stream
+
+
+async def _read_bounded(stream: UpstreamStream) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in stream.aiter_raw():
+        parts.append(chunk)
+        size += len(chunk)
+        if size > MAX_ERROR_BODY:
+            break
+    return b"".join(parts)
+
+
+def error_event(message: str, code: str) -> bytes:
+    # The openai SDK raises APIError on an event carrying `error`, so a cut stream is
+    # noticed by the client instead of looking like a short answer.
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}) + b"\n\n"
+
+
+async def relay_stream(
+    ctx: RequestContext,
+    attempt: Attempt,
+    stream: UpstreamStream,
+    finish: Callable[[RequestContext], Awaitable[None]],
+) -> AsyncIterator[bytes]:
+    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
+    chunks = stream.aiter_raw()
+    timeline = attempt.timeline
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(ctx.deadline - time.monotonic()):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                _fail(attempt, UpstreamTimeout("the request deadline passed mid-stream"))
+                yield error_event("the request deadline passed while the answer was streaming", "upstream_timeout")
+                return
+            except httpx.HTTPError as exc:
+                _fail(attempt, UpstreamError(f"the upstream stream broke: {type(exc).__name__}"), status="cut")
+                yield error_event("the upstream connection broke before the answer was complete", "upstream_stream_cut")
+                return
+            out = relay.feed(chunk)
+            if out:
+                if timeline.first_token is None:
+                    timeline.first_token = time.monotonic()
+                    ctx.timeline.first_token = ctx.timeline.first_token or timeline.first_token
+                timeline.last_token = time.monotonic()
+                yield out
+        if relay.usage is not None:
+            attempt.usage = Usage.from_openai(relay.usage)
+        if relay.done and relay.error is None:
+            attempt.status = "ok"
+            timeline.mark("end")
+        else:
+            _fail(attempt, UpstreamError("the upstream stream ended before [DONE]"), status="cut")
+            if relay.error is None:
+                yield error_event("the upstream ended the stream before the answer was complete", "upstream_stream_cut")
+    finally:
+        if attempt.status == "pending":
+            attempt.status = "cancelled"
+            attempt.error = "the client disconnected mid-stream"
+            timeline.mark("end")
+        # Cleanup must run even though the task is being cancelled (client gone):
+        # closing the upstream response is what makes vLLM abort the work.
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+            await finish(ctx)

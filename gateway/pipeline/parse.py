@@ -1,0 +1,95 @@
+"""Parse and check a client body, and estimate its token footprint.
+
+Checks only what the gateway itself relies on (model, messages/input/prompt, stream,
+bounds); everything else - including fields we do not know - passes through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.accounting.tokens import count_chat_tokens, count_text_tokens
+from gateway.errors import InvalidRequest, MalformedJSON
+
+MAX_N = 128
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise MalformedJSON("the request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedJSON(f"the request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def check_body(endpoint: str, body: dict[str, Any]) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("`model` is required and must be a non-empty string", param="model")
+    if endpoint == "chat.completions":
+        _check_messages(body.get("messages"))
+    elif endpoint == "completions":
+        if not isinstance(body.get("prompt"), (str, list)):
+            raise InvalidRequest("`prompt` is required: a string or a list", param="prompt")
+    elif endpoint == "embeddings" and (not isinstance(body.get("input"), (str, list)) or body.get("input") in ("", [])):
+        raise InvalidRequest("`input` is required: a non-empty string or list", param="input")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest("`stream` must be true or false", param="stream")
+    n = body.get("n", 1)
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
+        raise InvalidRequest(f"`n` must be an integer from 1 to {MAX_N}", param="n")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise InvalidRequest(f"`{name}` must be a positive integer", param=name)
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("`messages` is required and must be a non-empty list", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"`messages[{i}]` must be an object with a string `role`", param=f"messages[{i}]")
+
+
+def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoding: str) -> int:
+    if endpoint == "chat.completions":
+        tokens = count_chat_tokens(body.get("messages"), encoding)
+        tools = body.get("tools")
+        if tools:
+            tokens += count_text_tokens(orjson.dumps(tools).decode(), encoding)
+        return tokens
+    value = body.get("prompt") if endpoint == "completions" else body.get("input")
+    return sum(_text_tokens(item, encoding) for item in (value if isinstance(value, list) else [value]))
+
+
+def _text_tokens(item: Any, encoding: str) -> int:
+    if isinstance(item, str):
+        return count_text_tokens(item, encoding)
+    if isinstance(item, list):  # already token ids
+        return len(item)
+    return 0
+
+
+def output_bound(endpoint: str, body: dict[str, Any], model_max: int) -> int:
+    """Worst-case output tokens: the client's bound, else the model's, times n.
+
+    When the client gives no bound the pipeline sends the model's, so this stays a
+    true worst case for budget reservations."""
+    if endpoint == "embeddings":
+        return 0
+    asked = body.get("max_completion_tokens") or body.get("max_tokens") or model_max
+    return int(asked) * int(body.get("n") or 1)
+
+
+def response_format_kind(body: dict[str, Any]) -> str:
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    return kind if kind in ("json_object", "json_schema") else "text"

@@ -1,0 +1,146 @@
+"""Read policy YAML into `Policy`, with every problem named by file, line and field.
+
+YAML is composed once to learn where each key sits (and to reject duplicate keys,
+which PyYAML would otherwise silently collapse), then loaded and validated. Cross
+references (a model's upstream, a route's chain, a tenant's models) are checked after
+the schema, with the same file:line:field messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.routing.policy import Policy
+
+Loc = tuple[str | int, ...]
+
+FRIENDLY = {
+    "extra_forbidden": "unknown key",
+    "missing": "required key is missing",
+}
+
+
+@dataclass(frozen=True)
+class PolicyProblem:
+    source: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line else self.source
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+class PolicyInvalid(Exception):
+    def __init__(self, problems: list[PolicyProblem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+def load_policy_file(path: str | Path) -> Policy:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyInvalid([PolicyProblem(str(path), None, "", f"cannot read policy file: {exc.strerror}")]) from exc
+    return parse_policy(text, str(path))
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise PolicyInvalid([PolicyProblem(source, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from exc
+    if root is None:
+        raise PolicyInvalid([PolicyProblem(source, 1, "", "the policy file is empty")])
+    lines: dict[Loc, int] = {}
+    problems = [PolicyProblem(source, line, _dotted(loc), msg) for loc, line, msg in _walk(root, (), lines)]
+    if problems:
+        raise PolicyInvalid(problems)
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise PolicyInvalid([PolicyProblem(source, 1, "", "the policy must be a mapping of sections")])
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyInvalid([_problem(source, lines, tuple(e["loc"]), _message(e)) for e in exc.errors()]) from exc
+    problems = [_problem(source, lines, loc, msg) for loc, msg in cross_reference_problems(policy)]
+    if problems:
+        raise PolicyInvalid(problems)
+    return policy
+
+
+def cross_reference_problems(policy: Policy) -> Iterator[tuple[Loc, str]]:
+    for name, model in policy.models.items():
+        if model.upstream not in policy.upstreams:
+            yield ("models", name, "upstream"), f"names upstream `{model.upstream}`, which is not defined under `upstreams`"
+    for name, route in policy.routes.items():
+        if name in policy.models:
+            yield ("routes", name), f"route `{name}` has the same name as a model; clients could not tell them apart"
+        for i, step in enumerate(route.chain):
+            if step not in policy.models:
+                yield ("routes", name, "chain", i), f"names model `{step}`, which is not defined under `models`"
+    for name, tenant in policy.tenants.items():
+        for i, allowed in enumerate(tenant.models or ()):
+            if allowed not in policy.models and allowed not in policy.routes:
+                yield ("tenants", name, "models", i), f"names `{allowed}`, which is neither a model nor a route"
+    seen: dict[str, str] = {}
+    for name, tenant in policy.tenants.items():
+        for i, digest in enumerate(tenant.api_keys):
+            if digest in seen and seen[digest] != name:
+                yield ("tenants", name, "api_keys", i), f"this key already belongs to tenant `{seen[digest]}`"
+            seen.setdefault(digest, name)
+
+
+def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> Iterator[tuple[Loc, int, str]]:
+    lines[loc] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        first_seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in first_seen:
+                yield (*loc, key), line, f"duplicate key `{key}` (first defined at line {first_seen[key]})"
+                continue
+            first_seen[key] = line
+            yield from _walk(value_node, (*loc, key), lines)
+            lines[(*loc, key)] = line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            yield from _walk(item, (*loc, i), lines)
+
+
+def _message(error: Any) -> str:
+    kind = error["type"]
+    if kind in FRIENDLY:
+        return FRIENDLY[kind]
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _problem(source: str, lines: dict[Loc, int], loc: Loc, message: str) -> PolicyProblem:
+    loc = _strip_union_tags(loc)
+    probe = loc
+    while probe and probe not in lines:
+        probe = probe[:-1]
+    return PolicyProblem(source, lines.get(probe), _dotted(loc), message)
+
+
+def _strip_union_tags(loc: Loc) -> Loc:
+    # pydantic adds the union member's type name (e.g. "function-after[...]", "int") to locs.
+    return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and p not in {"str", "int", "list[str]"}))
+
+
+def _dotted(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

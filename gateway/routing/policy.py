@@ -1,0 +1,110 @@
+"""The policy file's schema: strict pydantic models (unknown keys are errors).
+
+These models describe what users write. `gateway.routing.loader` reads YAML into them
+with line numbers kept for messages; `gateway.routing.resolved` turns them into the
+runtime objects the request path uses.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+
+KEY_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
+
+Name = Annotated[str, Field(pattern=NAME, max_length=128)]
+Usd = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=9)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Price(Strict):
+    """USD per 1M tokens."""
+
+    input: Usd
+    output: Usd
+    cached_input: Usd | None = None
+    cache_write: Usd | None = None
+
+
+class Upstream(Strict):
+    kind: Literal["openai", "vllm"]
+    base_url: HttpUrl | None = None
+    replicas: list[HttpUrl] | None = Field(default=None, min_length=1)
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    timeout_s: PositiveSeconds = 600.0
+    connect_timeout_s: PositiveSeconds = 5.0
+    max_connections: Annotated[int, Field(ge=1, le=10_000)] = 512
+
+    @model_validator(mode="after")
+    def _one_address(self) -> Upstream:
+        if (self.base_url is None) == (self.replicas is None):
+            raise ValueError("give exactly one of `base_url` or `replicas`")
+        if self.replicas is not None and self.kind != "vllm":
+            raise ValueError("`replicas` is only for `kind: vllm`")
+        return self
+
+    def urls(self) -> list[str]:
+        urls = self.replicas if self.replicas is not None else [self.base_url]
+        return [str(u).rstrip("/") for u in urls if u is not None]
+
+
+class Model(Strict):
+    upstream: Name
+    upstream_model: str | None = Field(default=None, description="name sent upstream; defaults to the key")
+    price: Price | None = None
+    tokenizer: str | None = Field(default=None, description="tiktoken encoding for estimates")
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class Tenant(Strict):
+    api_keys: list[str] = Field(default_factory=list)
+    models: list[Name] | None = Field(default=None, description="models and routes this tenant may use; default all")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _digests_only(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if not KEY_DIGEST.match(key):
+                raise ValueError(
+                    "api_keys holds `sha256:<64 hex>` digests only, never raw keys "
+                    "(`gateway keys new --tenant NAME` prints one)"
+                )
+        return keys
+
+
+class RouteMatch(Strict):
+    task_class: str | list[str] | None = None
+    tenant: Name | list[Name] | None = None
+    has_tools: bool | None = None
+    response_format: Literal["text", "json_object", "json_schema"] | None = None
+    min_prompt_tokens: Annotated[int, Field(ge=0)] | None = None
+    max_prompt_tokens: Annotated[int, Field(ge=0)] | None = None
+
+
+class Route(Strict):
+    match: RouteMatch | None = None
+    chain: list[Name] = Field(min_length=1, description="models, cheapest first")
+
+
+class Defaults(Strict):
+    max_output_tokens: Annotated[int, Field(ge=1)] = 4096
+    request_timeout_s: PositiveSeconds = 600.0
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    tokenizer: str = "o200k_base"
+
+
+class Policy(Strict):
+    version: Literal[1]
+    defaults: Defaults = Field(default_factory=Defaults)
+    upstreams: dict[Name, Upstream]
+    models: dict[Name, Model]
+    tenants: dict[Name, Tenant] = Field(default_factory=dict)
+    routes: dict[Name, Route] = Field(default_factory=dict)

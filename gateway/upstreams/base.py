@@ -1,0 +1,37 @@
+"""The seam between the pipeline and providers: one small interface per upstream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class UpstreamReply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    replica: str
+
+
+class UpstreamStream(Protocol):
+    status: int
+    headers: dict[str, str]
+    replica: str
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Upstream(Protocol):
+    name: str
+    kind: str
+    secrets: tuple[str, ...]  # credential values to scrub from any message we relay
+
+    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply: ...
+
+    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> UpstreamStream: ...
+
+    async def aclose(self) -> None: ...

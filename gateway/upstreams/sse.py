@@ -1,0 +1,80 @@
+"""Server-sent event relay: forwards upstream events as they complete, untouched, while
+noting the first token, the finish reason and the final usage chunk.
+
+Only events that can carry usage are parsed; content chunks pass through as bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+DONE = b"data: [DONE]"
+
+
+class SseRelay:
+    __slots__ = ("_buffer", "done", "error", "events", "finish_reason", "model", "strip_usage_chunk", "usage")
+
+    def __init__(self, strip_usage_chunk: bool) -> None:
+        self.strip_usage_chunk = strip_usage_chunk
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.model: str | None = None
+        self.done = False
+        self.events = 0
+        self.error: dict[str, Any] | None = None
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Return the complete events in `chunk` (plus what was buffered) to forward now."""
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        data = self._buffer + chunk if self._buffer else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._buffer = data
+            return b""
+        self._buffer = data[end + 2 :]
+        complete = data[: end + 2]
+        if _plain_content(complete):
+            self.events += complete.count(b"\n\n")
+            return complete
+        return b"".join(self._inspect(e) for e in complete.split(b"\n\n") if e)
+
+    def _inspect(self, event: bytes) -> bytes:
+        self.events += 1
+        if event.startswith(DONE):
+            self.done = True
+            return event + b"\n\n"
+        if not event.startswith(b"data:"):
+            return event + b"\n\n"
+        try:
+            payload = orjson.loads(event[5:])
+        except orjson.JSONDecodeError:
+            return event + b"\n\n"
+        if not isinstance(payload, dict):
+            return event + b"\n\n"
+        if "error" in payload:
+            self.error = payload["error"] if isinstance(payload["error"], dict) else {"message": str(payload["error"])}
+        self.model = payload.get("model") or self.model
+        for choice in payload.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+            if self.strip_usage_chunk and not payload.get("choices"):
+                return b""
+        return event + b"\n\n"
+
+    def leftover(self) -> bytes:
+        return self._buffer
+
+
+def _plain_content(events: bytes) -> bool:
+    """True when no event here can carry usage, a finish reason, an error or the end."""
+    if b'"usage"' in events or b"[DONE]" in events or b'"error"' in events:
+        return False
+    reasons = events.count(b'"finish_reason"')
+    return reasons == events.count(b'"finish_reason":null') + events.count(b'"finish_reason": null')

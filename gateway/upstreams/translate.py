@@ -1,0 +1,51 @@
+"""Upstream error replies -> our errors. Bodies are never passed through raw: the
+message is extracted, stripped of anything credential-like, and shortened."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import orjson
+
+from gateway.errors import GatewayError, InvalidRequest, RateLimited, UpstreamError, UpstreamTimeout
+
+CREDENTIAL_LIKE = re.compile(r"(?i)(bearer\s+\S+|\bsk-[A-Za-z0-9_\-]{6,}|\bkey[-_][A-Za-z0-9]{12,})")
+MAX_MESSAGE = 300
+RETRY_HEADERS = ("retry-after", "retry-after-ms")
+
+
+def upstream_message(body: bytes, secrets: Iterable[str] = ()) -> str:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return "the upstream sent a body that is not JSON"
+    message: object = None
+    if isinstance(data, Mapping):
+        err = data.get("error")
+        if isinstance(err, Mapping):
+            message = err.get("message")
+        elif isinstance(err, str):
+            message = err
+        message = message or data.get("message") or data.get("detail")
+    text = str(message) if message else "no error message"
+    for secret in secrets:
+        text = text.replace(secret, "[redacted]")
+    text = CREDENTIAL_LIKE.sub("[redacted]", text)
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+def error_from_reply(
+    upstream: str, status: int, headers: Mapping[str, str], body: bytes, secrets: Iterable[str] = ()
+) -> GatewayError:
+    message = upstream_message(body, secrets)
+    if status in (400, 422):
+        return InvalidRequest(f"upstream `{upstream}` rejected the request: {message}")
+    if status == 429:
+        retry = {h: headers[h] for h in RETRY_HEADERS if h in headers}
+        return RateLimited(f"upstream `{upstream}` is rate limiting: {message}", headers=retry)
+    if status == 408:
+        return UpstreamTimeout(f"upstream `{upstream}` timed out (408): {message}")
+    if status in (401, 403):
+        return UpstreamError(f"upstream `{upstream}` refused the gateway's credentials ({status}); check the key the policy names")
+    return UpstreamError(f"upstream `{upstream}` answered {status}: {message}")
