@@ -53,6 +53,19 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     return max(check_policy(path) for path in args.files)
 
 
+def cmd_policy_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.routing.policy import Policy
+
+    text = json.dumps(Policy.model_json_schema(), indent=2, sort_keys=True) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def cmd_keys_new(args: argparse.Namespace) -> int:
     key = new_api_key()
     print(f"API key for tenant `{args.tenant}` (shown once; give it to the application):\n  {key}\n")
@@ -90,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = policy_sub.add_parser("check", help="validate policy files; exit 1 with the problems")
     check.add_argument("files", nargs="+")
     check.set_defaults(func=cmd_policy_check)
+
+    schema = policy_sub.add_parser("schema", help="print the policy JSON Schema (for editors)")
+    schema.add_argument("--output", help="write to this file instead of stdout")
+    schema.set_defaults(func=cmd_policy_schema)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

@@ -5,15 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
+import anyio
+from sqlalchemy import Engine, text
+
+from gateway.accounting.books import Accounting
+from gateway.accounting.database import make_engine, migrate
+from gateway.accounting.ledger import Ledger
+from gateway.accounting.prices import PriceCatalog
+from gateway.accounting.tasks import TaskStore
+from gateway.accounting.writer import GroupCommitWriter
 from gateway.caching.salts import TenantSalts, load_or_create_secret
 from gateway.pipeline.runner import Pipeline
 from gateway.routing.reload import PolicyHolder
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.registry import UpstreamRegistry
+
+log = logging.getLogger("gateway")
 
 
 @dataclass
@@ -23,6 +37,10 @@ class Services:
     upstreams: UpstreamRegistry
     metrics: Metrics
     pipeline: Pipeline
+    ledger: Ledger
+    accounting: Accounting
+    writer: GroupCommitWriter
+    reader: Engine
     started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -31,18 +49,36 @@ class Services:
         if settings.gateway_policy is None:
             raise ValueError("no policy file: pass --policy FILE or set GATEWAY_POLICY")
         metrics = Metrics()
+        catalog = PriceCatalog.load(settings.gateway_pricing_dir)
         upstreams = UpstreamRegistry()
         policies = PolicyHolder(
             settings.gateway_policy,
+            catalog=catalog,
             on_swap=lambda runtime: upstreams.sync(runtime.policy),
             on_result=lambda result: metrics.policy_reloads.labels(result).inc(),
         )
+        url = settings.effective_database_url()
+        writer_engine = make_engine(url, writer=True)
+        migrate(writer_engine)
+        reader = make_engine(url)
+        writer = GroupCommitWriter(writer_engine)
+        ledger = Ledger(writer)
+        accounting = Accounting(ledger, catalog, TaskStore(writer, reader))
         salts = TenantSalts(load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir))
-        pipeline = Pipeline(policies, upstreams, metrics, salts)
-        return cls(settings, policies, upstreams, metrics, pipeline)
+        pipeline = Pipeline(policies, upstreams, metrics, salts, accounting)
+        return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader)
 
     def start_background(self) -> None:
-        self._tasks.append(asyncio.get_running_loop().create_task(self.policies.watch(self.settings.gateway_policy_poll_s)))
+        self.writer.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.policies.watch(self.settings.gateway_policy_poll_s)))
+        self._tasks.append(loop.create_task(_every(self.settings.gateway_sweep_interval_s, self.sweep)))
+
+    async def sweep(self) -> int:
+        expired = await self.ledger.expire_orphans(datetime.now(UTC))
+        if expired:
+            log.warning("expired %d reservations whose usage was never confirmed", expired)
+        return expired
 
     async def readiness(self) -> dict[str, tuple[bool, str]]:
         """Each store the request path needs, with a short reason when it is not usable."""
@@ -50,7 +86,17 @@ class Services:
         detail = f"{len(policy.targets)} models from {policy.source}"
         if self.policies.last_error:
             detail += " (the latest edit was rejected; serving the last good policy)"
-        return {"policy": (True, detail)}
+        checks = {"policy": (True, detail)}
+        try:
+            await anyio.to_thread.run_sync(self._ping_ledger)
+            checks["ledger"] = (True, self.reader.dialect.name)
+        except Exception as exc:
+            checks["ledger"] = (False, f"{type(exc).__name__}: {exc}"[:300])
+        return checks
+
+    def _ping_ledger(self) -> None:
+        with self.reader.connect() as conn:
+            conn.execute(text("SELECT 1"))
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -58,3 +104,15 @@ class Services:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.upstreams.aclose()
+        await self.writer.stop()
+        self.writer.engine.dispose()
+        self.reader.dispose()
+
+
+async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> None:
+    while True:
+        try:
+            await job()
+        except Exception:  # a failed sweep is retried next round, never fatal
+            log.exception("background job failed")
+        await asyncio.sleep(interval_s)

@@ -18,6 +18,8 @@ class Settings(BaseSettings):
     gateway_secret: str | None = Field(default=None, description="derives cache salts and cache-key hashes")
     gateway_var_dir: Path = Path("var")
     gateway_policy_poll_s: float = Field(default=1.0, gt=0)
+    gateway_pricing_dir: Path = Field(default=Path(__file__).resolve().parent.parent / "pricing")
+    gateway_sweep_interval_s: float = Field(default=30.0, gt=0)
 
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.gateway_var_dir / 'ledger.db'}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.accounting.ledger import Hold
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
 
@@ -65,6 +66,9 @@ class RequestContext:
     route: str | None = None
     targets: list[ModelTarget] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
+    hold: Hold | None = None
+    cost_pico: int = 0
+    finished: bool = False
     status: int = 200
     response_headers: dict[str, str] = field(default_factory=dict)
 

@@ -3,14 +3,18 @@ and write the RequestContext; this module is the only one that knows their order
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
+import anyio
 import orjson
 
+from gateway.accounting.books import Accounting
+from gateway.accounting.money import usd
 from gateway.auth.keys import KeyOwner
 from gateway.caching.salts import TenantSalts
 from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
@@ -46,7 +50,9 @@ def new_request_id() -> str:
 
 
 class Pipeline:
-    def __init__(self, policies: PolicyHolder, upstreams: UpstreamRegistry, metrics: Metrics, salts: TenantSalts) -> None:
+    def __init__(self, policies: PolicyHolder, upstreams: UpstreamRegistry, metrics: Metrics, salts: TenantSalts,
+                 accounting: Accounting) -> None:
+        self.accounting = accounting
         self.policies = policies
         self.upstreams = upstreams
         self.metrics = metrics
@@ -57,14 +63,24 @@ class Pipeline:
         try:
             self.authenticate(ctx, headers)
             self.parse_and_estimate(ctx, raw_body, headers)
-            # admission, budget reservation and the response cache slot in here, in this order
+            # admission slots in here
+            task = await self.accounting.task_for(ctx)
+            ctx.hold = await self.accounting.reserve(ctx, self.policies.current, task)
+            # the response cache slots in here
             payload = self.prepare_upstream_body(ctx)
             if ctx.stream:
                 return await self.call_streaming(ctx, payload)
             return await self.call(ctx, payload)
-        except GatewayError as exc:
-            exc.headers.setdefault("x-request-id", ctx.request_id)
-            await self.finish(ctx, exc.http_status)
+        except BaseException as exc:
+            # Whatever went wrong - a refusal, an upstream failure, a bug, the client
+            # leaving - the attempts made so far are booked and the hold is ended.
+            status = exc.http_status if isinstance(exc, GatewayError) else 499 if isinstance(exc, asyncio.CancelledError) else 500
+            with anyio.CancelScope(shield=True):
+                await self.finish(ctx, status)
+            if isinstance(exc, GatewayError):
+                exc.headers.setdefault("x-request-id", ctx.request_id)
+                if ctx.attempts:
+                    exc.headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
             raise
 
     # -- stages, in order -------------------------------------------------------------
@@ -136,7 +152,13 @@ class Pipeline:
         target = ctx.targets[0]
         _, raw = await forward.send_once(ctx, self.upstreams.get(target.upstream), target, payload)
         await self.finish(ctx, 200)
-        return JsonReply(200, raw, self.response_headers(ctx))
+        headers = self.response_headers(ctx)
+        headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
+        if ctx.task_id is not None:
+            task = await self.accounting.tasks.get(ctx.task_id)
+            if task is not None:
+                headers["x-gateway-task-spent-usd"] = usd(await self.accounting.tasks.spent_pico(task))
+        return JsonReply(200, raw, headers)
 
     async def call_streaming(self, ctx: RequestContext, payload: bytes) -> StreamReply:
         target = ctx.targets[0]
@@ -148,9 +170,18 @@ class Pipeline:
         return StreamReply(forward.relay_stream(ctx, attempt, stream, done), self.response_headers(ctx))
 
     async def finish(self, ctx: RequestContext, status: int) -> None:
+        """Settle and record; runs exactly once per request, success or not."""
+        if ctx.finished:
+            return
+        ctx.finished = True
         ctx.status = status
         ctx.timeline.mark("end")
-        self.record_metrics(ctx)
+        try:
+            if ctx.attempts:
+                settlement = await self.accounting.settle(ctx, ctx.hold)
+                ctx.cost_pico = settlement.cost_pico
+        finally:
+            self.record_metrics(ctx)
 
     def response_headers(self, ctx: RequestContext) -> dict[str, str]:
         attempt = ctx.final_attempt

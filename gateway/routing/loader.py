@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
 
 from gateway.routing.policy import Policy
+
+if TYPE_CHECKING:
+    from gateway.accounting.prices import PriceCatalog
 
 Loc = tuple[str | int, ...]
 
@@ -44,16 +48,17 @@ class PolicyInvalid(Exception):
         self.problems = problems
 
 
-def load_policy_file(path: str | Path) -> Policy:
+def load_policy_file(path: str | Path, catalog: PriceCatalog | None = None) -> Policy:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyInvalid([PolicyProblem(str(path), None, "", f"cannot read policy file: {exc.strerror}")]) from exc
-    return parse_policy(text, str(path))
+    return parse_policy(text, str(path), catalog)
 
 
-def parse_policy(text: str, source: str = "<policy>") -> Policy:
+def parse_policy(text: str, source: str = "<policy>", catalog: PriceCatalog | None = None) -> Policy:
+    """With a price catalog, a model that has no price anywhere is a problem too."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -73,7 +78,13 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
         raise PolicyInvalid([_problem(source, lines, tuple(e["loc"]), _message(e)) for e in exc.errors()]) from exc
-    problems = [_problem(source, lines, loc, msg) for loc, msg in cross_reference_problems(policy)]
+    found = list(cross_reference_problems(policy))
+    if catalog is not None:
+        from gateway.accounting.prices import missing_prices  # prices reads policies too
+
+        found += [(("models", name), f"model `{name}` has no price: add `price:` here, or an entry in pricing/*.yaml "
+                   "(litellm's price map does not know it either)") for name in missing_prices(policy, catalog, datetime.now(UTC))]
+    problems = [_problem(source, lines, loc, msg) for loc, msg in found]
     if problems:
         raise PolicyInvalid(problems)
     return policy

@@ -64,9 +64,25 @@ class Model(Strict):
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
+class Budget(Strict):
+    usd: Usd
+    period: Literal["month", "day", "total"] = "month"
+
+
+class TaskLimits(Strict):
+    """Limits a task gets when POST /v1/tasks does not set them."""
+
+    budget_usd: Usd | None = None
+    max_calls: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    deadline_s: PositiveSeconds | None = None
+
+
 class Tenant(Strict):
     api_keys: list[str] = Field(default_factory=list)
     models: list[Name] | None = Field(default=None, description="models and routes this tenant may use; default all")
+    budget: Budget | None = None
+    task_limits: TaskLimits | None = None
 
     @field_validator("api_keys")
     @classmethod
@@ -99,6 +115,9 @@ class Defaults(Strict):
     request_timeout_s: PositiveSeconds = 600.0
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     tokenizer: str = "o200k_base"
+    task_limits: TaskLimits = Field(default_factory=TaskLimits)
+    reservation_grace_s: Annotated[float, Field(ge=0, le=86_400)] = Field(
+        default=900.0, description="how long past its deadline an unconfirmed hold waits before the sweeper expires it")
 
 
 class Policy(Strict):

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.accounting.prices import PriceCatalog
 from gateway.routing.loader import PolicyInvalid, load_policy_file
 from gateway.routing.resolved import RuntimePolicy
 
@@ -16,9 +17,11 @@ log = logging.getLogger("gateway.policy")
 
 
 class PolicyHolder:
-    def __init__(self, path: Path, on_swap: Callable[[RuntimePolicy], None] | None = None,
+    def __init__(self, path: Path, catalog: PriceCatalog | None = None,
+                 on_swap: Callable[[RuntimePolicy], None] | None = None,
                  on_result: Callable[[str], None] | None = None) -> None:
         self.path = path
+        self.catalog = catalog
         self._on_swap = on_swap
         self._on_result = on_result
         self.last_error: str | None = None
@@ -34,7 +37,7 @@ class PolicyHolder:
             return ""
 
     def _load(self) -> RuntimePolicy:
-        return RuntimePolicy(load_policy_file(self.path), str(self.path))
+        return RuntimePolicy(load_policy_file(self.path, self.catalog), str(self.path))
 
     def _swap(self, runtime: RuntimePolicy) -> None:
         if self._on_swap is not None:

@@ -22,15 +22,15 @@ class Timeline:
         setattr(self, name, now)
         return now
 
-    def as_offsets_ms(self) -> dict[str, float | None]:
-        """Milliseconds since enqueue, for the ledger and task books."""
-        base = self.enqueue
+    def as_offsets_ms(self, base: float | None = None) -> dict[str, float | None]:
+        """Milliseconds since `base` (default: this timeline's enqueue), for the books."""
+        base = self.enqueue if base is None else base
 
         def off(t: float | None) -> float | None:
             return None if t is None else round((t - base) * 1000, 3)
 
         return {
-            "enqueue": 0.0,
+            "enqueue": off(self.enqueue),
             "upstream_start": off(self.upstream_start),
             "first_token": off(self.first_token),
             "last_token": off(self.last_token),

@@ -1,0 +1,152 @@
+"""The pipeline's view of money: price a request, hold its worst case against every
+budget that applies, and settle each attempt at the price in effect when it ran."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import orjson
+
+from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, expiry
+from gateway.accounting.money import pico_from_usd
+from gateway.accounting.prices import PriceCatalog, PriceQuote
+from gateway.accounting.tasks import TaskInfo, TaskStore
+from gateway.errors import GatewayError, NotFound
+from gateway.pipeline.context import Attempt, RequestContext, Usage
+from gateway.routing.policy import Budget
+from gateway.routing.resolved import ModelTarget, RuntimePolicy
+
+# tiktoken's count is an estimate of the provider's; hold a little more so a request
+# whose prompt tokenizes longer upstream still fits inside what was reserved.
+PROMPT_MARGIN = Decimal("1.02")
+PROMPT_MARGIN_TOKENS = 8
+# Attempts that reached the provider but whose usage never arrived may still be billed.
+UNCONFIRMED = frozenset({"timeout", "cancelled", "cut", "pending"})
+
+
+class TaskDeadlinePassed(GatewayError):
+    status = 409
+    type = "invalid_request_error"
+    code = "task_deadline_passed"
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    cost_pico: int
+    saved_pico: int
+    pending: bool
+
+
+class Accounting:
+    def __init__(self, ledger: Ledger, catalog: PriceCatalog, tasks: TaskStore) -> None:
+        self.ledger = ledger
+        self.catalog = catalog
+        self.tasks = tasks
+        self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
+
+    def quote(self, target: ModelTarget, at: datetime) -> PriceQuote:
+        # Prices change by day at the finest; cache per (model, day), bounded.
+        key = (target.name, at.date().isoformat())
+        quote = self._quotes.get(key)
+        if quote is None:
+            found = self.catalog.quote(target.name, target.upstream_model, target.price, at)
+            if found is None:  # policy check refuses unpriced models; this guards reloads racing it
+                raise GatewayError(f"model `{target.name}` has no price; the gateway will not serve it unbilled")
+            quote = self._quotes[key] = found
+            if len(self._quotes) > 4096:
+                self._quotes.popitem(last=False)
+        return quote
+
+    async def task_for(self, ctx: RequestContext) -> TaskInfo | None:
+        if ctx.task_id is None:
+            return None
+        task = await self.tasks.get(ctx.task_id)
+        if task is None or task.tenant != ctx.tenant:  # same answer for foreign tasks: no existence leak
+            raise NotFound(f"task `{ctx.task_id}` does not exist for this API key's tenant", param="x-task-id")
+        if task.deadline_at is not None:
+            left = (task.deadline_at - datetime.now(UTC)).total_seconds()
+            if left <= 0:
+                raise TaskDeadlinePassed(f"task `{task.id}` passed its deadline")
+            ctx.deadline = min(ctx.deadline, ctx.timeline.enqueue + left)
+        return task
+
+    def claims(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None, now: datetime) -> list[BudgetClaim]:
+        claims = []
+        budget = policy.policy.tenants[ctx.tenant].budget
+        if budget is not None:
+            claims.append(tenant_claim(ctx.tenant, budget, now))
+        if task is not None:
+            claims.append(BudgetClaim(task.budget_id, f"task:{task.id}", f"task `{task.id}`"))
+        return claims
+
+    async def reserve(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None) -> Hold | None:
+        now = datetime.now(UTC)
+        claims = self.claims(ctx, policy, task, now)
+        if not claims:
+            return None
+        target = ctx.targets[0]
+        prompt = int(ctx.prompt_tokens_estimate * PROMPT_MARGIN) + PROMPT_MARGIN_TOKENS
+        amount = self.quote(target, now).worst_case_pico(prompt, ctx.max_output_tokens)
+        deadline_s = max(0.0, ctx.deadline - ctx.timeline.enqueue)
+        request = HoldRequest(
+            request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=target.name,
+            upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=prompt + ctx.max_output_tokens,
+            prompt_tokens_est=ctx.prompt_tokens_estimate, now=now,
+            expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s),
+        )
+        return await self.ledger.reserve(request, claims)
+
+    async def settle(self, ctx: RequestContext, hold: Hold | None) -> Settlement:
+        """Book every attempt; end the hold unless an attempt's usage is still unknown."""
+        events, cost, saved, tokens = [], 0, 0, 0
+        pending = False
+        for number, attempt in enumerate(ctx.attempts, start=1):
+            at = datetime.fromtimestamp(attempt.timeline.wall_start, UTC)
+            quote = self.quote(attempt.target, at)
+            usage = attempt.usage
+            a_cost = quote.cost_pico(usage) if usage is not None else 0
+            a_saved = quote.saved_pico(usage) if usage is not None else 0
+            if usage is None and attempt.status in UNCONFIRMED:
+                pending = True
+            cost += a_cost
+            saved += a_saved
+            tokens += (usage.prompt_tokens + usage.completion_tokens) if usage is not None else 0
+            events.append(_event(ctx, attempt, number, hold, quote, a_cost, a_saved, at))
+        now = datetime.now(UTC)
+        if pending:
+            # No refund while usage is unknown: the hold stays until the sweeper ends it.
+            await self.ledger.settle(None, 0, 0, events, now)
+        else:
+            await self.ledger.settle(hold, cost, tokens, events, now, state="settled" if cost else "released")
+        return Settlement(cost, saved, pending)
+
+
+def tenant_claim(tenant: str, budget: Budget, now: datetime) -> BudgetClaim:
+    if budget.period == "month":
+        start = now.date().replace(day=1).isoformat()
+    elif budget.period == "day":
+        start = now.date().isoformat()
+    else:
+        start = ""
+    label = f"tenant `{tenant}` budget" + (f" ({budget.period} from {start})" if start else "")
+    return BudgetClaim(f"tenant:{tenant}:{budget.period}:{start}", f"tenant:{tenant}", label, start, pico_from_usd(budget.usd))
+
+
+def _event(ctx: RequestContext, attempt: Attempt, number: int, hold: Hold | None, quote: PriceQuote,
+           cost: int, saved: int, at: datetime) -> dict[str, object]:
+    usage = attempt.usage or Usage()
+    return {
+        "request_id": ctx.request_id, "attempt": number, "reservation_id": hold.id if hold else None,
+        "tenant": ctx.tenant, "key_id": ctx.key_id, "task_id": ctx.task_id, "kind": "model", "endpoint": ctx.endpoint,
+        "model": attempt.target.name, "upstream": attempt.target.upstream, "replica": attempt.replica,
+        "provider_request_id": attempt.provider_request_id, "route": ctx.route, "status": attempt.status,
+        "http_status": attempt.http_status, "error": attempt.error, "usage_known": attempt.usage is not None,
+        "prompt_tokens_est": ctx.prompt_tokens_estimate, "prompt_tokens": usage.prompt_tokens,
+        "cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.cache_write_tokens,
+        "completion_tokens": usage.completion_tokens, "reasoning_tokens": usage.reasoning_tokens,
+        "cost_pico": cost, "saved_pico": saved, "price_source": quote.source[:200], "created_at": at,
+        "day": at.date().isoformat(), "timeline": orjson.dumps(attempt.timeline.as_offsets_ms(ctx.timeline.enqueue)).decode(),
+    }

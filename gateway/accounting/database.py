@@ -1,0 +1,83 @@
+"""Engine creation (SQLite by default, PostgreSQL when DATABASE_URL says so) and the
+ordered migrations that keep data across upgrades."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlmodel import SQLModel
+
+from gateway.accounting.tables import Budget, Reservation, SchemaVersion, Task, UsageEvent
+
+
+def normalise_url(url: str) -> str:
+    """Accept plain `sqlite:///path` and `postgresql://...` and pick the driver."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str, *, writer: bool = False) -> Engine:
+    """`writer=True` gives the ledger writer's engine: on SQLite its transactions take
+    the write lock up front (BEGIN IMMEDIATE), so concurrent writers queue instead of
+    failing on a lock upgrade, and savepoints work."""
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed reservation survives power loss, not just a crash.
+            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+            # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin.
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+
+        return engine
+    return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+
+
+def _v1_initial(conn: Connection) -> None:
+    tables = [t.__table__ for t in (Budget, Reservation, UsageEvent, Task)]  # type: ignore[attr-defined,union-attr]
+    SQLModel.metadata.create_all(conn, tables=tables)
+
+
+# Append only; never edit a shipped migration. Each must be safe on a database that
+# already has what it adds (fresh databases get the current tables in v1).
+MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
+    (1, _v1_initial),
+]
+
+
+def migrate(engine: Engine) -> int:
+    """Bring the schema up to date; returns the version now in place."""
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            # One migrator at a time when several replicas start together.
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7245001)")
+        SQLModel.metadata.create_all(conn, tables=[SchemaVersion.__table__])  # type: ignore[attr-defined]
+        done = {row[0] for row in conn.execute(text("SELECT version FROM schema_version"))}
+        for version, step in MIGRATIONS:
+            if version in done:
+                continue
+            step(conn)
+            conn.execute(SchemaVersion.__table__.insert().values(version=version, applied_at=datetime.now(UTC)))  # type: ignore[attr-defined]
+        return max([v for v, _ in MIGRATIONS])
+
+
+def table_names(engine: Engine) -> list[str]:
+    return sorted(inspect(engine).get_table_names())

@@ -1,0 +1,194 @@
+"""Reserve, then settle: the atomic budget step and the books it leaves behind.
+
+Why a conditional SQL update rather than a Redis script: the reservation must be
+durable before the upstream call starts, and the ledger database is the one store that
+is durable and shared by every replica. `UPDATE budgets SET reserved = reserved + :a
+WHERE id = :id AND spent + reserved + :a <= limit` is atomic per row on PostgreSQL (row
+lock) and SQLite (one writer), so N replicas can never reserve past a limit, and the
+hold, the reservation row and the budget counters commit together or not at all.
+Group commit (see writer.py) keeps that from costing a lone fsync per request.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from gateway.accounting.tables import Reservation, UsageEvent
+from gateway.accounting.writer import GroupCommitWriter
+from gateway.errors import BudgetExceeded
+
+ENSURE_BUDGET = text(
+    "INSERT INTO budgets (id, scope, period_start, limit_pico, reserved_pico, spent_pico, calls_used, tokens_reserved, tokens_used)"
+    " VALUES (:id, :scope, :period_start, :limit, 0, 0, 0, 0, 0) ON CONFLICT (id) DO NOTHING"
+)
+HOLD = text(
+    "UPDATE budgets SET reserved_pico = reserved_pico + :amount, calls_used = calls_used + 1,"
+    " tokens_reserved = tokens_reserved + :tokens, limit_pico = COALESCE(:limit, limit_pico)"
+    " WHERE id = :id"
+    " AND (COALESCE(:limit, limit_pico) IS NULL OR spent_pico + reserved_pico + :amount <= COALESCE(:limit, limit_pico))"
+    " AND (calls_limit IS NULL OR calls_used + 1 <= calls_limit)"
+    " AND (tokens_limit IS NULL OR tokens_used + tokens_reserved + :tokens <= tokens_limit)"
+)
+END_RESERVATION = text(
+    "UPDATE reservations SET state = :state, settled_pico = :charged, ended_at = :now WHERE id = :id AND state = 'reserved'"
+)
+MOVE_TO_SPENT = text(
+    "UPDATE budgets SET reserved_pico = reserved_pico - :amount, spent_pico = spent_pico + :charged,"
+    " tokens_reserved = tokens_reserved - :tokens, tokens_used = tokens_used + :used WHERE id = :id"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetClaim:
+    """A budget a request draws on. `limit_pico` None: use the row's own (tasks)."""
+
+    budget_id: str
+    scope: str
+    label: str  # for messages: "tenant `acme` (month 2026-11)"
+    period_start: str = ""
+    limit_pico: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    id: str
+    amount_pico: int
+    tokens: int
+    budget_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRequest:
+    request_id: str
+    tenant: str
+    key_id: str
+    task_id: str | None
+    model: str
+    upstream: str
+    endpoint: str
+    amount_pico: int
+    tokens: int
+    prompt_tokens_est: int
+    expires_at: datetime
+    now: datetime
+
+
+class _Refused(Exception):
+    def __init__(self, claim: BudgetClaim, remaining_pico: int | None, calls_left: int | None) -> None:
+        self.claim, self.remaining_pico, self.calls_left = claim, remaining_pico, calls_left
+
+
+class Ledger:
+    def __init__(self, writer: GroupCommitWriter) -> None:
+        self.writer = writer
+
+    async def reserve(self, request: HoldRequest, claims: list[BudgetClaim]) -> Hold:
+        """Durably hold the worst-case cost against every claim, or refuse."""
+        hold_id = "rsv_" + secrets.token_hex(10)
+
+        def op(conn: Connection) -> Hold:
+            for claim in claims:
+                conn.execute(ENSURE_BUDGET, {"id": claim.budget_id, "scope": claim.scope, "period_start": claim.period_start,
+                                             "limit": claim.limit_pico})
+            for claim in claims:
+                params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
+                if conn.execute(HOLD, params).rowcount != 1:  # type: ignore[attr-defined]
+                    raise _refusal(conn, claim)
+            conn.execute(Reservation.__table__.insert().values(  # type: ignore[attr-defined]
+                id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
+                task_id=request.task_id, model=request.model, upstream=request.upstream, endpoint=request.endpoint,
+                budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
+                prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
+                expires_at=request.expires_at))
+            return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims))
+
+        try:
+            return await self.writer.run(op)
+        except _Refused as refused:
+            raise _budget_error(refused, request.amount_pico) from None
+
+    async def settle(self, hold: Hold | None, charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
+                     now: datetime, state: str = "settled") -> bool:
+        """End the hold (charging `charged_pico`, releasing the rest) and book the events,
+        in one transaction. Returns False if the hold had already ended (e.g. expired)."""
+
+        def op(conn: Connection) -> bool:
+            ended = True
+            if hold is not None:
+                ended = _end(conn, hold.id, hold.budget_ids, hold.amount_pico, hold.tokens, charged_pico, tokens_used, state, now)
+            if events:
+                conn.execute(UsageEvent.__table__.insert(), events)  # type: ignore[attr-defined]
+            return ended
+
+        return await self.writer.run(op)
+
+    async def book(self, events: list[dict[str, Any]]) -> None:
+        await self.settle(None, 0, 0, events, datetime.now())
+
+    async def expire_orphans(self, now: datetime) -> int:
+        """Holds whose request never settled (a crash, a lost stream) past their expiry.
+        With no usage to go on they are charged their full worst-case amount - the
+        budget stays safe - and an `unconfirmed` event makes them visible to finance
+        and to reconciliation, which explains the difference against the provider."""
+
+        def op(conn: Connection) -> int:
+            rows = conn.execute(text(
+                "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream, endpoint,"
+                " prompt_tokens_est, created_at FROM reservations WHERE state = 'reserved' AND expires_at < :now"
+            ), {"now": now}).all()
+            for row in rows:
+                if _end(conn, row.id, tuple(row.budget_ids.split("\n")), row.amount_pico, row.tokens, row.amount_pico, 0, "expired", now):
+                    conn.execute(UsageEvent.__table__.insert().values(  # type: ignore[attr-defined]
+                        request_id=row.request_id, attempt=0, reservation_id=row.id, tenant=row.tenant, key_id=row.key_id,
+                        task_id=row.task_id, kind="model", endpoint=row.endpoint, model=row.model, upstream=row.upstream,
+                        status="unconfirmed", usage_known=False, prompt_tokens_est=row.prompt_tokens_est,
+                        cost_pico=row.amount_pico, created_at=_as_datetime(row.created_at), day=_as_datetime(row.created_at).date().isoformat(),
+                        error="no usage was confirmed before the reservation expired; charged the reserved worst case"))
+            return len(rows)
+
+        return int(await self.writer.run(op))
+
+
+def _end(conn: Connection, hold_id: str, budget_ids: tuple[str, ...], amount: int, tokens: int,
+         charged: int, used: int, state: str, now: datetime) -> bool:
+    if conn.execute(END_RESERVATION, {"state": state, "charged": charged, "now": now, "id": hold_id}).rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    for budget_id in budget_ids:
+        conn.execute(MOVE_TO_SPENT, {"id": budget_id, "amount": amount, "charged": charged, "tokens": tokens, "used": used})
+    return True
+
+
+def _refusal(conn: Connection, claim: BudgetClaim) -> _Refused:
+    row = conn.execute(text("SELECT limit_pico, reserved_pico, spent_pico, calls_limit, calls_used FROM budgets WHERE id = :id"),
+                       {"id": claim.budget_id}).one()
+    limit = claim.limit_pico if claim.limit_pico is not None else row.limit_pico
+    remaining = None if limit is None else max(0, limit - row.reserved_pico - row.spent_pico)
+    calls_left = None if row.calls_limit is None else max(0, row.calls_limit - row.calls_used)
+    return _Refused(claim, remaining, calls_left)
+
+
+def _budget_error(refused: _Refused, amount_pico: int) -> BudgetExceeded:
+    from gateway.accounting.money import usd
+
+    what = refused.claim.label
+    if refused.calls_left == 0:
+        return BudgetExceeded(f"{what} has no calls left")
+    if refused.remaining_pico is not None and refused.remaining_pico < amount_pico:
+        return BudgetExceeded(
+            f"{what} has ${usd(refused.remaining_pico)} left (including amounts held for requests in flight); "
+            f"this request may cost up to ${usd(amount_pico)}. Lower max_tokens or raise the budget."
+        )
+    return BudgetExceeded(f"{what} has no tokens left for a request of this size")
+
+
+def _as_datetime(value: Any) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+
+
+def expiry(deadline_s: float, now: datetime, grace_s: float) -> datetime:
+    return now + timedelta(seconds=deadline_s + grace_s)

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import pytest
+
+from gateway.auth.keys import KeyIndex, key_digest, new_api_key
+from gateway.cli import main as cli_main
+
+
+def test_minted_key_is_found_only_by_its_digest() -> None:
+    key = new_api_key()
+    index = KeyIndex({"acme": [key_digest(key)]})
+    owner = index.lookup(key)
+    assert owner is not None and owner.tenant == "acme"
+    assert owner.key_id.startswith("key_") and key not in owner.key_id
+    assert index.lookup(key + "x") is None
+    assert index.lookup(key_digest(key)) is None  # the digest itself is not a key
+
+
+def test_keys_new_prints_key_and_policy_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["keys", "new", "--tenant", "acme"]) == 0
+    out = capsys.readouterr().out
+    key = next(line.strip() for line in out.splitlines() if line.strip().startswith("sk-gw-"))
+    assert f'- "{key_digest(key)}"' in out

@@ -1,0 +1,105 @@
+"""Policy files: every example loads; each kind of mistake names file, line and field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main as cli_main
+from gateway.routing.loader import PolicyInvalid, load_policy_file, parse_policy
+
+ROOT = Path(__file__).resolve().parents[3]
+DIGEST = "sha256:" + "ab" * 32
+
+MINIMAL = f"""\
+version: 1
+upstreams:
+  local:
+    kind: openai                      # any OpenAI-compatible HTTP API
+    base_url: http://127.0.0.1:9100/v1
+models:
+  bench-model:
+    upstream: local
+    price: {{input: 0.15, cached_input: 0.075, output: 0.60}}   # USD per 1M tokens
+tenants:
+  acme:
+    api_keys: ["{DIGEST}"]
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(PolicyInvalid) as info:
+        parse_policy(textwrap.dedent(text), "policy.yaml")
+    return [str(p) for p in info.value.problems]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "policies").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_policy_loads(path: Path) -> None:
+    policy = load_policy_file(path)
+    assert policy.models, f"{path.name} defines no models"
+    assert cli_main(["policy", "check", str(path)]) == 0
+
+
+def test_minimal_design_policy_loads_as_written() -> None:
+    policy = parse_policy(MINIMAL)
+    assert str(policy.models["bench-model"].price.input) == "0.15"  # type: ignore[union-attr]
+    assert policy.tenants["acme"].api_keys == [DIGEST]
+
+
+def test_unknown_key_names_line_and_field() -> None:
+    text = MINIMAL.replace("    upstream: local\n", "    upstream: local\n    colour: red\n")
+    assert problems(text) == ["policy.yaml:9: models.bench-model.colour: unknown key"]
+
+
+def test_wrong_type_names_line_and_field() -> None:
+    text = MINIMAL.replace("input: 0.15,", "input: cheap,")
+    [message] = problems(text)
+    assert message.startswith("policy.yaml:9: models.bench-model.price.input: ")
+    assert "decimal" in message.lower()
+
+
+def test_duplicate_model_is_rejected_not_collapsed() -> None:
+    text = MINIMAL.replace("tenants:", "  bench-model:\n    upstream: local\ntenants:")
+    assert problems(text) == ["policy.yaml:10: models.bench-model: duplicate key `bench-model` (first defined at line 7)"]
+
+
+def test_dangling_upstream_reference() -> None:
+    text = MINIMAL.replace("    upstream: local", "    upstream: elsewhere")
+    assert problems(text) == [
+        "policy.yaml:8: models.bench-model.upstream: names upstream `elsewhere`, which is not defined under `upstreams`"
+    ]
+
+
+def test_route_chain_must_name_models() -> None:
+    text = MINIMAL + "routes:\n  auto:\n    chain: [bench-model, missing-model]\n"
+    assert problems(text) == [
+        "policy.yaml:15: routes.auto.chain[1]: names model `missing-model`, which is not defined under `models`"
+    ]
+
+
+def test_raw_key_instead_of_digest_is_refused() -> None:
+    [message] = problems(MINIMAL.replace(DIGEST, "sk-live-123"))
+    assert message.startswith("policy.yaml:12: tenants.acme.api_keys")
+    assert "gateway keys new" in message
+
+
+def test_invalid_yaml_reports_line() -> None:
+    [message] = problems("version: 1\nupstreams: [\n")
+    assert message.startswith("policy.yaml:3: not valid YAML")
+
+
+def test_policy_check_exits_1_with_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL.replace("kind: openai", "kind: carrier-pigeon"))
+    assert cli_main(["policy", "check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}:4: upstreams.local.kind:" in err
+
+
+def test_committed_json_schema_matches_the_policy_models(tmp_path: Path) -> None:
+    fresh = tmp_path / "schema.json"
+    assert cli_main(["policy", "schema", "--output", str(fresh)]) == 0
+    committed = ROOT / "policies" / "policy.schema.json"
+    assert committed.read_text() == fresh.read_text(), "run `gateway policy schema --output policies/policy.schema.json`"

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import orjson
+
+from gateway.upstreams.sse import SseRelay
+
+
+def chunk(payload: dict[str, object]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+CONTENT = chunk({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}], "usage": None})
+FINISH = chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": None})
+USAGE = chunk({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}})
+DONE = b"data: [DONE]\n\n"
+
+
+def test_usage_chunk_is_read_and_stripped_when_client_did_not_ask() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    out = relay.feed(CONTENT + FINISH + USAGE + DONE)
+    assert out == CONTENT + FINISH + DONE
+    assert relay.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert relay.finish_reason == "stop" and relay.done
+
+
+def test_usage_chunk_is_kept_when_client_asked() -> None:
+    relay = SseRelay(strip_usage_chunk=False)
+    assert relay.feed(CONTENT + USAGE + DONE) == CONTENT + USAGE + DONE
+
+
+def test_events_split_across_reads_are_forwarded_whole_and_in_order() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    stream = CONTENT + CONTENT + FINISH + USAGE + DONE
+    forwarded = b"".join(relay.feed(stream[i : i + 7]) for i in range(0, len(stream), 7))
+    assert forwarded == CONTENT + CONTENT + FINISH + DONE
+    assert relay.usage is not None and relay.done
+
+
+def test_crlf_framing_is_understood() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    out = relay.feed((CONTENT + USAGE + DONE).replace(b"\n", b"\r\n"))
+    assert out == CONTENT + DONE
+    assert relay.usage is not None
+
+
+def test_spaced_json_finish_reason_is_seen() -> None:
+    relay = SseRelay(strip_usage_chunk=True)
+    relay.feed(b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}\n\n')
+    assert relay.finish_reason == "length"
