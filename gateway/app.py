@@ -7,9 +7,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway.api.admin import build_admin_router
 from gateway.api.errors import install_error_handlers
 from gateway.api.health import build_health_router
 from gateway.api.openai_routes import build_router
+from gateway.api.tasks import build_tasks_router
 from gateway.services import Services
 from gateway.settings import Settings
 
@@ -31,4 +33,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(build_health_router())
     app.include_router(build_router())
+    app.include_router(build_tasks_router())
+    app.include_router(build_admin_router())
     return app

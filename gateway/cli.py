@@ -37,9 +37,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_pricing_dir() -> Path:
+    from gateway.settings import Settings
+
+    return Settings().gateway_pricing_dir
+
+
 def check_policy(path: str) -> int:
+    """Schema, cross references, and a price for every routable model."""
+    from gateway.accounting.prices import PriceCatalog, PricingInvalid
+
     try:
-        policy = load_policy_file(path)
+        catalog = PriceCatalog.load(default_pricing_dir())
+    except PricingInvalid as exc:
+        print("\n".join(exc.problems), file=sys.stderr)
+        return 1
+    try:
+        policy = load_policy_file(path, catalog)
     except PolicyInvalid as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -64,6 +78,17 @@ def cmd_policy_schema(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return 0
+
+
+def cmd_pricing_show(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from gateway.accounting.prices import show_price
+
+    at = datetime.fromisoformat(args.at) if args.at else None
+    code, text = show_price(args.model, args.policy or os.environ.get("GATEWAY_POLICY"), Path(args.pricing_dir or default_pricing_dir()), at)
+    print(text, file=sys.stdout if code == 0 else sys.stderr)
+    return code
 
 
 def cmd_keys_new(args: argparse.Namespace) -> int:
@@ -107,6 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     schema = policy_sub.add_parser("schema", help="print the policy JSON Schema (for editors)")
     schema.add_argument("--output", help="write to this file instead of stdout")
     schema.set_defaults(func=cmd_policy_schema)
+
+    pricing = sub.add_parser("pricing", help="the price catalog")
+    pricing_sub = pricing.add_subparsers(dest="pricing_command", required=True)
+    show = pricing_sub.add_parser("show", help="the price in effect for a model, and where it comes from")
+    show.add_argument("model")
+    show.add_argument("--policy", help="use this policy's price and upstream_model (default: $GATEWAY_POLICY)")
+    show.add_argument("--pricing-dir", help="pricing overrides folder (default: the bundled pricing/)")
+    show.add_argument("--at", help="ISO date-time to price at (default: now)")
+    show.set_defaults(func=cmd_pricing_show)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

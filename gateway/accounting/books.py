@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 
 import orjson
 
@@ -19,10 +18,6 @@ from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.routing.policy import Budget
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 
-# tiktoken's count is an estimate of the provider's; hold a little more so a request
-# whose prompt tokenizes longer upstream still fits inside what was reserved.
-PROMPT_MARGIN = Decimal("1.02")
-PROMPT_MARGIN_TOKENS = 8
 # Attempts that reached the provider but whose usage never arrived may still be billed.
 UNCONFIRMED = frozenset({"timeout", "cancelled", "cut", "pending"})
 
@@ -88,12 +83,13 @@ class Accounting:
         if not claims:
             return None
         target = ctx.targets[0]
-        prompt = int(ctx.prompt_tokens_estimate * PROMPT_MARGIN) + PROMPT_MARGIN_TOKENS
+        d = policy.policy.defaults
+        prompt = int(ctx.prompt_tokens_estimate * (1 + d.prompt_margin_ratio)) + d.prompt_margin_tokens
         amount = self.quote(target, now).worst_case_pico(prompt, ctx.max_output_tokens)
         deadline_s = max(0.0, ctx.deadline - ctx.timeline.enqueue)
         request = HoldRequest(
             request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=target.name,
-            upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=prompt + ctx.max_output_tokens,
+            upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=prompt + ctx.max_output_tokens,
             prompt_tokens_est=ctx.prompt_tokens_estimate, now=now,
             expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s),
         )
@@ -141,7 +137,7 @@ def _event(ctx: RequestContext, attempt: Attempt, number: int, hold: Hold | None
     return {
         "request_id": ctx.request_id, "attempt": number, "reservation_id": hold.id if hold else None,
         "tenant": ctx.tenant, "key_id": ctx.key_id, "task_id": ctx.task_id, "kind": "model", "endpoint": ctx.endpoint,
-        "model": attempt.target.name, "upstream": attempt.target.upstream, "replica": attempt.replica,
+        "model": attempt.target.name, "upstream_model": attempt.target.upstream_model, "upstream": attempt.target.upstream, "replica": attempt.replica,
         "provider_request_id": attempt.provider_request_id, "route": ctx.route, "status": attempt.status,
         "http_status": attempt.http_status, "error": attempt.error, "usage_known": attempt.usage is not None,
         "prompt_tokens_est": ctx.prompt_tokens_estimate, "prompt_tokens": usage.prompt_tokens,

@@ -69,6 +69,7 @@ class HoldRequest:
     key_id: str
     task_id: str | None
     model: str
+    upstream_model: str
     upstream: str
     endpoint: str
     amount_pico: int
@@ -101,7 +102,7 @@ class Ledger:
                     raise _refusal(conn, claim)
             conn.execute(Reservation.__table__.insert().values(  # type: ignore[attr-defined]
                 id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
-                task_id=request.task_id, model=request.model, upstream=request.upstream, endpoint=request.endpoint,
+                task_id=request.task_id, model=request.model, upstream_model=request.upstream_model, upstream=request.upstream, endpoint=request.endpoint,
                 budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
                 prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
                 expires_at=request.expires_at))
@@ -138,14 +139,14 @@ class Ledger:
 
         def op(conn: Connection) -> int:
             rows = conn.execute(text(
-                "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream, endpoint,"
+                "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream_model, upstream, endpoint,"
                 " prompt_tokens_est, created_at FROM reservations WHERE state = 'reserved' AND expires_at < :now"
             ), {"now": now}).all()
             for row in rows:
                 if _end(conn, row.id, tuple(row.budget_ids.split("\n")), row.amount_pico, row.tokens, row.amount_pico, 0, "expired", now):
                     conn.execute(UsageEvent.__table__.insert().values(  # type: ignore[attr-defined]
                         request_id=row.request_id, attempt=0, reservation_id=row.id, tenant=row.tenant, key_id=row.key_id,
-                        task_id=row.task_id, kind="model", endpoint=row.endpoint, model=row.model, upstream=row.upstream,
+                        task_id=row.task_id, kind="model", endpoint=row.endpoint, model=row.model, upstream_model=row.upstream_model, upstream=row.upstream,
                         status="unconfirmed", usage_known=False, prompt_tokens_est=row.prompt_tokens_est,
                         cost_pico=row.amount_pico, created_at=_as_datetime(row.created_at), day=_as_datetime(row.created_at).date().isoformat(),
                         error="no usage was confirmed before the reservation expired; charged the reserved worst case"))

@@ -38,6 +38,7 @@ class Reservation(SQLModel, table=True):
     key_id: str = Field(max_length=40)
     task_id: str | None = Field(default=None, max_length=40, index=True)
     model: str = Field(max_length=128)
+    upstream_model: str = Field(default="", max_length=200)
     upstream: str = Field(max_length=128)
     endpoint: str = Field(max_length=40)
     budget_ids: str = Field(sa_column=Column(Text, nullable=False))  # newline-separated
@@ -66,6 +67,7 @@ class UsageEvent(SQLModel, table=True):
     kind: str = Field(default="model", max_length=16)  # model | cache_hit | tool
     endpoint: str = Field(max_length=40)
     model: str = Field(max_length=128)
+    upstream_model: str = Field(default="", max_length=200)  # the name the provider bills under
     upstream: str = Field(max_length=128)
     replica: str | None = Field(default=None, max_length=300)
     provider_request_id: str | None = Field(default=None, max_length=200, index=True)

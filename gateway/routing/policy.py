@@ -42,6 +42,7 @@ class Upstream(Strict):
     timeout_s: PositiveSeconds = 600.0
     connect_timeout_s: PositiveSeconds = 5.0
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 512
+    provider_key_id: str | None = Field(default=None, description="the id the provider's usage reports give the key this upstream uses")
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:
@@ -116,6 +117,10 @@ class Defaults(Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     tokenizer: str = "o200k_base"
     task_limits: TaskLimits = Field(default_factory=TaskLimits)
+    # tiktoken's count estimates the provider's; holds add this much so a prompt that
+    # tokenizes longer upstream still fits inside what was reserved.
+    prompt_margin_ratio: Annotated[Decimal, Field(ge=0, le=1)] = Decimal("0.02")
+    prompt_margin_tokens: Annotated[int, Field(ge=0, le=10_000)] = 8
     reservation_grace_s: Annotated[float, Field(ge=0, le=86_400)] = Field(
         default=900.0, description="how long past its deadline an unconfirmed hold waits before the sweeper expires it")
 

@@ -1,0 +1,61 @@
+"""Admin API (bearer GATEWAY_ADMIN_KEY): finance reads and ledger operations."""
+
+from __future__ import annotations
+
+import hmac
+from datetime import date
+
+import anyio
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from gateway.accounting.reports import cost_rows, parse_group_by, rows_to_csv
+from gateway.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
+from gateway.services import Services
+
+
+def admin_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    expected = services.settings.gateway_admin_key
+    if not expected:
+        raise PermissionDenied("the admin API is disabled: set GATEWAY_ADMIN_KEY to enable it")
+    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+        raise AuthenticationFailed("the admin API needs `Authorization: Bearer <GATEWAY_ADMIN_KEY>`")
+    return services
+
+
+def _day(value: str | None, name: str) -> date | None:
+    if not value:
+        return None
+    try:
+        return date.fromisoformat(value[:10])
+    except ValueError:
+        raise InvalidRequest(f"`{name}` must be a date like 2026-11-01", param=name) from None
+
+
+def build_admin_router() -> APIRouter:
+    router = APIRouter(prefix="/admin")
+
+    @router.get("/costs")
+    async def costs(request: Request) -> Response:
+        services = admin_services(request)
+        q = request.query_params
+        try:
+            group_by = parse_group_by(q.get("group_by"))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="group_by") from None
+        since, until = _day(q.get("from"), "from"), _day(q.get("to"), "to")
+        rows = await anyio.to_thread.run_sync(cost_rows, services.reader, group_by, since, until, q.get("tenant"))
+        if q.get("format") == "csv" or "text/csv" in request.headers.get("accept", ""):
+            return Response(rows_to_csv(rows, group_by), media_type="text/csv")
+        return Response(orjson.dumps({"rows": rows}), media_type="application/json")
+
+    @router.post("/sweep")
+    async def sweep(request: Request) -> Response:
+        services = admin_services(request)
+        expired = await services.sweep()
+        return Response(orjson.dumps({"expired": expired}), media_type="application/json")
+
+    return router

@@ -1,0 +1,77 @@
+"""Gateway replicas as real OS processes (`python -m gateway serve`), for tests that
+need several replicas sharing PostgreSQL and Redis, or a SIGKILL mid-load."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class GatewayProcess:
+    def __init__(self, policy: Path, env: dict[str, str], log_path: Path) -> None:
+        self.policy, self.env, self.log_path = policy, env, log_path
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        env = {**os.environ, **self.env}
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--policy", str(self.policy), "--port", str(self.port), "--log-level", "warning"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gateway did not come up: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hooks, no settling - a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextlib.contextmanager
+def gateway_processes(count: int, policy: Path, env: dict[str, str], log_dir: Path) -> Iterator[list[GatewayProcess]]:
+    procs = [GatewayProcess(policy, env, log_dir / f"gateway-{i}.log") for i in range(count)]
+    try:
+        for proc in procs:
+            proc.start()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
