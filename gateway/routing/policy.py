@@ -42,6 +42,9 @@ class Upstream(Strict):
     timeout_s: PositiveSeconds = 600.0
     connect_timeout_s: PositiveSeconds = 5.0
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 512
+    # Below common server keep-alive timeouts (uvicorn 5 s), so an idle pooled
+    # connection is dropped by us before the server closes it under a new request.
+    keepalive_s: Annotated[float, Field(gt=0, le=3600)] = 4.0
     provider_key_id: str | None = Field(default=None, description="the id the provider's usage reports give the key this upstream uses")
 
     @model_validator(mode="after")

@@ -55,7 +55,8 @@ class HttpUpstream:
         self._client = httpx.AsyncClient(
             headers=headers,
             timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=config.max_connections),
+            limits=httpx.Limits(max_connections=config.max_connections, max_keepalive_connections=config.max_connections,
+                                keepalive_expiry=config.keepalive_s),
             http1=True,
             trust_env=False,
         )

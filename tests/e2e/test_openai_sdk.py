@@ -192,3 +192,25 @@ def test_async_client_chat_and_stream(stack: Stack) -> None:
 
     whole, streamed = asyncio.run(go())
     assert whole and streamed == whole
+
+
+def test_text_completions(stack: Stack) -> None:
+    reply = client(stack).completions.create(model="gpt-4o-mini", prompt="Once upon a time", max_tokens=5)
+    assert reply.choices[0].text and reply.usage is not None and reply.usage.completion_tokens <= 5
+    streamed = list(client(stack).completions.create(model="gpt-4o-mini", prompt="Once upon a time", max_tokens=5, stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == reply.choices[0].text
+
+
+def test_metrics_count_requests_and_tokens(stack: Stack) -> None:
+    client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO)  # type: ignore[arg-type]
+    text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+    assert 'gateway_requests_total{model="gpt-4o-mini",status="ok",tenant="acme"}' in text
+    assert 'gateway_tokens_total{kind="output",model="gpt-4o-mini",tenant="acme"}' in text
+    assert "gateway_time_to_first_token_seconds_bucket" in text and "gateway_upstream_latency_seconds_bucket" in text
+
+
+def test_health_and_readiness(stack: Stack) -> None:
+    root = stack.gateway.removesuffix("/v1")
+    assert httpx.get(root + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(root + "/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["ledger"]["ok"] is True

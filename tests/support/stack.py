@@ -17,6 +17,7 @@ from gateway.sim.vllm import VllmSimConfig, create_vllm_app
 from tests.support.servers import run_asgi_in_thread
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
+ADMIN_KEY = "admin-test-key-42"
 
 
 @dataclass
@@ -84,6 +85,7 @@ def running_stack(tmp_path: Path,
             run_asgi_in_thread(create_vllm_app(vllm_config or VllmSimConfig())) as vllm:
         policy = tmp_path / "policy.yaml"
         policy.write_text(policy_text(hosted, vllm, key_digest(key), key_digest(other)))
-        settings = Settings(gateway_policy=policy, gateway_var_dir=tmp_path / "var", gateway_policy_poll_s=poll_s)
+        settings = Settings(gateway_policy=policy, gateway_var_dir=tmp_path / "var", gateway_policy_poll_s=poll_s,
+                            gateway_admin_key=ADMIN_KEY, database_url=f"sqlite:///{tmp_path / 'var' / 'ledger.db'}")
         with run_asgi_in_thread(create_app(settings)) as gateway:
             yield Stack(gateway + "/v1", hosted, vllm, key, other, policy, tmp_path / "var")
