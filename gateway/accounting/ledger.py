@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -129,7 +129,7 @@ class Ledger:
         return await self.writer.run(op)
 
     async def book(self, events: list[dict[str, Any]]) -> None:
-        await self.settle(None, 0, 0, events, datetime.now())
+        await self.settle(None, 0, 0, events, datetime.now(UTC))
 
     async def expire_orphans(self, now: datetime) -> int:
         """Holds whose request never settled (a crash, a lost stream) past their expiry.
@@ -188,7 +188,8 @@ def _budget_error(refused: _Refused, amount_pico: int) -> BudgetExceeded:
 
 
 def _as_datetime(value: Any) -> datetime:
-    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite hands back naive UTC
 
 
 def expiry(deadline_s: float, now: datetime, grace_s: float) -> datetime:

@@ -1,0 +1,120 @@
+"""SIGKILL a gateway under load, restart it and sweep: every request the provider
+billed is in the ledger, and no hold is left open."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from gateway.auth.keys import key_digest, new_api_key
+from gateway.sim.hosted import HostedSimConfig, create_hosted_app
+from tests.support.processes import GatewayProcess
+from tests.support.servers import run_asgi_in_thread
+
+ADMIN = "crash-admin-key"
+UPSTREAM_KEY = "sk-crash-upstream"
+
+
+def write_policy(path: Path, hosted: str, key: str) -> None:
+    path.write_text(textwrap.dedent(f"""\
+        version: 1
+        defaults:
+          request_timeout_s: 3
+          reservation_grace_s: 0
+        upstreams:
+          hosted: {{kind: openai, base_url: "{hosted}/v1", api_key_env: CRASH_UPSTREAM_KEY}}
+        models:
+          gpt-4o-mini: {{upstream: hosted, price: {{input: 0.15, cached_input: 0.075, output: 0.60}}}}
+        tenants:
+          acme:
+            api_keys: ["{key_digest(key)}"]
+            budget: {{usd: "50.00", period: month}}
+        """))
+
+
+async def load(url: str, key: str, billed_enough: Callable[[], bool], proc: GatewayProcess) -> int:
+    """Keep 24 requests in flight (half streamed); once the provider has billed some,
+    kill the gateway while others are still mid-way."""
+    sent = 0
+
+    async def worker(i: int, client: httpx.AsyncClient) -> None:
+        nonlocal sent
+        while True:
+            sent += 1
+            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"job {i}-{sent}"}], "stream": i % 2 == 0}
+            with contextlib.suppress(httpx.HTTPError):
+                async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                         headers={"authorization": f"Bearer {key}"}) as r:
+                    async for _ in r.aiter_raw():
+                        pass
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        workers = [asyncio.create_task(worker(i, client)) for i in range(24)]
+        deadline = time.monotonic() + 30
+        while not billed_enough():
+            assert time.monotonic() < deadline, "the provider never billed anything"
+            await asyncio.sleep(0.01)
+        proc.kill()
+        await asyncio.sleep(0.2)
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    return sent
+
+
+def test_sigkill_under_load_loses_no_billed_request(tmp_path: Path) -> None:
+    key = new_api_key()
+    os.environ["CRASH_UPSTREAM_KEY"] = UPSTREAM_KEY
+    sim = create_hosted_app(HostedSimConfig(token_delay_s=0.02, output_tokens=20))
+    with run_asgi_in_thread(sim) as hosted:
+        policy = tmp_path / "policy.yaml"
+        write_policy(policy, hosted, key)
+        db = f"sqlite:///{tmp_path / 'ledger.db'}"
+        env = {"DATABASE_URL": db, "GATEWAY_ADMIN_KEY": ADMIN, "GATEWAY_VAR_DIR": str(tmp_path / "var"),
+               "GATEWAY_SWEEP_INTERVAL_S": "3600"}
+        proc = GatewayProcess(policy, env, tmp_path / "gateway.log")
+        proc.start()
+        asyncio.run(load(proc.url, key, lambda: len(sim.usage.records) >= 30, proc))
+
+        deadline = time.monotonic() + 10
+        while sim.stats.active_streams:  # let the provider finish what it was doing
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        billed = {r.request_id for r in sim.usage.records}
+        assert billed, "the load should have produced billed requests"
+
+        restarted = GatewayProcess(policy, env, tmp_path / "gateway-2.log")
+        restarted.start()
+        try:
+            engine = create_engine(db)
+            deadline = time.monotonic() + 20
+            while True:
+                httpx.post(f"{restarted.url}/admin/sweep", headers={"authorization": f"Bearer {ADMIN}"}).raise_for_status()
+                with engine.connect() as conn:
+                    still_open = conn.execute(text("SELECT count(*) FROM reservations WHERE state = 'reserved'")).scalar_one()
+                if still_open == 0:
+                    break
+                assert time.monotonic() < deadline, "the sweeper should end every orphaned hold once it expires"
+                time.sleep(0.2)
+            with engine.connect() as conn:
+                confirmed = {r[0] for r in conn.execute(text(
+                    "SELECT provider_request_id FROM usage_events WHERE status = 'ok'")).all()}
+                unconfirmed = conn.execute(text("SELECT count(*) FROM usage_events WHERE status = 'unconfirmed'")).scalar_one()
+                reserved = conn.execute(text("SELECT sum(reserved_pico) FROM budgets")).scalar_one()
+            engine.dispose()
+        finally:
+            restarted.stop()
+
+    assert confirmed <= billed, "the ledger confirms only what the provider billed"
+    missing = billed - confirmed
+    assert missing, "a SIGKILL mid-load should leave some billed requests unconfirmed"
+    assert unconfirmed >= len(missing), f"{len(missing)} billed requests have no ledger row (only {unconfirmed} unconfirmed)"
+    assert reserved == 0
