@@ -94,6 +94,9 @@ def cross_reference_problems(policy: Policy) -> Iterator[tuple[Loc, str]]:
     for name, model in policy.models.items():
         if model.upstream not in policy.upstreams:
             yield ("models", name, "upstream"), f"names upstream `{model.upstream}`, which is not defined under `upstreams`"
+        for i, fallback in enumerate(model.fallbacks):
+            if fallback not in policy.models or fallback == name:
+                yield ("models", name, "fallbacks", i), f"names `{fallback}`, which is not another model under `models`"
     for name, route in policy.routes.items():
         if name in policy.models:
             yield ("routes", name), f"route `{name}` has the same name as a model; clients could not tell them apart"

@@ -34,6 +34,16 @@ class Price(Strict):
     cache_write: Usd | None = None
 
 
+class RateLimits(Strict):
+    rpm: Annotated[int, Field(ge=1)] | None = Field(default=None, description="requests per minute")
+    tpm: Annotated[int, Field(ge=1)] | None = Field(default=None, description="tokens per minute (prompt estimate + output bound)")
+
+
+class TenantLimits(RateLimits):
+    max_queue: Annotated[int, Field(ge=0, le=100_000)] = Field(default=64, description="requests that may wait for capacity")
+    max_wait_s: Annotated[float, Field(ge=0, le=600)] = Field(default=5.0, description="longest a request waits for capacity")
+
+
 class Upstream(Strict):
     kind: Literal["openai", "vllm"]
     base_url: HttpUrl | None = None
@@ -46,6 +56,7 @@ class Upstream(Strict):
     # connection is dropped by us before the server closes it under a new request.
     keepalive_s: Annotated[float, Field(gt=0, le=3600)] = 4.0
     provider_key_id: str | None = Field(default=None, description="the id the provider's usage reports give the key this upstream uses")
+    limits: RateLimits | None = Field(default=None, description="the provider's limits for our key, so we slow down before it says 429")
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:
@@ -66,6 +77,9 @@ class Model(Strict):
     price: Price | None = None
     tokenizer: str | None = Field(default=None, description="tiktoken encoding for estimates")
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    limits: RateLimits | None = None
+    fallbacks: list[Name] = Field(default_factory=list, description="models to fail over to when this one's upstream keeps failing")
+    cache: bool | None = Field(default=None, description="opt this model's answers in (true) or out (false) of the response cache")
 
 
 class Budget(Strict):
@@ -82,11 +96,20 @@ class TaskLimits(Strict):
     deadline_s: PositiveSeconds | None = None
 
 
+class TenantCache(Strict):
+    enabled: bool | None = Field(default=None, description="opt this tenant in or out of the response cache")
+    response_ttl_s: Annotated[float, Field(ge=0, le=30 * 86_400)] | None = None
+    group: Name | None = Field(default=None, description="tenants naming the same group share cached answers; default private")
+
+
 class Tenant(Strict):
     api_keys: list[str] = Field(default_factory=list)
     models: list[Name] | None = Field(default=None, description="models and routes this tenant may use; default all")
     budget: Budget | None = None
     task_limits: TaskLimits | None = None
+    limits: TenantLimits | None = None
+    priority: Literal["interactive", "batch"] = Field(default="interactive", description="batch waits behind interactive traffic")
+    cache: TenantCache | None = None
 
     @field_validator("api_keys")
     @classmethod
@@ -114,6 +137,26 @@ class Route(Strict):
     chain: list[Name] = Field(min_length=1, description="models, cheapest first")
 
 
+class Retry(Strict):
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3
+    budget_ratio: Annotated[float, Field(ge=0, le=10)] = Field(default=0.2, description="retries allowed per first attempt, over a window")
+    base_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    cap_s: Annotated[float, Field(gt=0, le=600)] = 8.0
+    cooldown_after: Annotated[int, Field(ge=1, le=1000)] = Field(default=5, description="consecutive failures that cool an upstream down")
+    cooldown_s: Annotated[float, Field(ge=0, le=3600)] = 10.0
+
+
+class Tool(Strict):
+    url: HttpUrl
+    method: Literal["GET", "POST"] = "POST"
+    version: Annotated[str, Field(min_length=1, max_length=64)] = "1"
+    ttl_s: Annotated[float, Field(ge=0, le=30 * 86_400)] = 300.0
+    cacheable: bool = True
+    scope: Literal["tenant", "shared"] = Field(default="tenant", description="shared: one cache for every tenant (public data only)")
+    price_usd: Usd | None = Field(default=None, description="cost booked per call that reaches the tool")
+    timeout_s: PositiveSeconds = 30.0
+
+
 class Defaults(Strict):
     max_output_tokens: Annotated[int, Field(ge=1)] = 4096
     request_timeout_s: PositiveSeconds = 600.0
@@ -124,6 +167,10 @@ class Defaults(Strict):
     # tokenizes longer upstream still fits inside what was reserved.
     prompt_margin_ratio: Annotated[Decimal, Field(ge=0, le=1)] = Decimal("0.02")
     prompt_margin_tokens: Annotated[int, Field(ge=0, le=10_000)] = 8
+    retry: Retry = Field(default_factory=Retry)
+    response_cache_ttl_s: Annotated[float, Field(ge=0, le=30 * 86_400)] = 300.0
+    response_cache_max_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
+    cache_nondeterministic: bool = Field(default=False, description="also cache requests with temperature > 0 and no seed")
     reservation_grace_s: Annotated[float, Field(ge=0, le=86_400)] = Field(
         default=900.0, description="how long past its deadline an unconfirmed hold waits before the sweeper expires it")
 
@@ -135,3 +182,4 @@ class Policy(Strict):
     models: dict[Name, Model]
     tenants: dict[Name, Tenant] = Field(default_factory=dict)
     routes: dict[Name, Route] = Field(default_factory=dict)
+    tools: dict[Name, Tool] = Field(default_factory=dict)
