@@ -14,6 +14,11 @@ class GatewayError(Exception):
     type: ClassVar[str] = "server_error"
     code: ClassVar[str | None] = None
     retryable: ClassVar[bool] = False
+    # Set when the error is an upstream's answer: its status and rate-limit headers,
+    # which the retry module reads to decide whether and when to try again.
+    upstream_status: int | None = None
+    upstream_headers: dict[str, str] | None = None
+    upstream_code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)

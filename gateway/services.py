@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import anyio
+from redis.asyncio import Redis
 from sqlalchemy import Engine, text
 
 from gateway.accounting.books import Accounting
@@ -21,10 +22,12 @@ from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.tasks import TaskStore
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.caching.salts import TenantSalts, load_or_create_secret
+from gateway.pipeline.retry import Retrier
 from gateway.pipeline.runner import Pipeline
 from gateway.routing.reload import PolicyHolder
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
+from gateway.upstreams.health import UpstreamHealth
 from gateway.upstreams.registry import UpstreamRegistry
 
 log = logging.getLogger("gateway")
@@ -41,6 +44,7 @@ class Services:
     accounting: Accounting
     writer: GroupCommitWriter
     reader: Engine
+    redis: Redis | None = None
     started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -65,8 +69,10 @@ class Services:
         ledger = Ledger(writer)
         accounting = Accounting(ledger, catalog, TaskStore(writer, reader))
         salts = TenantSalts(load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir))
-        pipeline = Pipeline(policies, upstreams, metrics, salts, accounting)
-        return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader)
+        redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+        retrier = Retrier(UpstreamHealth(redis))
+        pipeline = Pipeline(policies, upstreams, metrics, salts, accounting, retrier)
+        return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, redis)
 
     def start_background(self) -> None:
         self.writer.start()
@@ -94,6 +100,15 @@ class Services:
             checks["ledger"] = (False, f"{type(exc).__name__}: {exc}"[:300])
         return checks
 
+    async def _redis_check(self) -> tuple[bool, str]:
+        if self.redis is None:
+            return True, "not configured: in-process state"
+        try:
+            await self.redis.ping()
+        except Exception as exc:
+            return False, f"{type(exc).__name__}: {exc}"[:300]
+        return True, "reachable"
+
     def _ping_ledger(self) -> None:
         with self.reader.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -104,6 +119,8 @@ class Services:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.upstreams.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
         await self.writer.stop()
         self.writer.engine.dispose()
         self.reader.dispose()

@@ -77,26 +77,47 @@ class Accounting:
             claims.append(BudgetClaim(task.budget_id, f"task:{task.id}", f"task `{task.id}`"))
         return claims
 
-    async def reserve(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None) -> Hold | None:
-        now = datetime.now(UTC)
-        claims = self.claims(ctx, policy, task, now)
-        if not claims:
-            return None
-        target = ctx.targets[0]
+    def worst_case(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime) -> tuple[int, int]:
+        """(pico-dollars, tokens) one attempt on `target` can cost at most."""
         d = policy.policy.defaults
         prompt = int(ctx.prompt_tokens_estimate * (1 + d.prompt_margin_ratio)) + d.prompt_margin_tokens
-        amount = self.quote(target, now).worst_case_pico(prompt, ctx.max_output_tokens)
+        return self.quote(target, now).worst_case_pico(prompt, ctx.max_output_tokens), prompt + ctx.max_output_tokens
+
+    async def reserve(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None) -> None:
+        """Hold the first target's worst case against every budget that applies."""
+        ctx.claims = self.claims(ctx, policy, task, datetime.now(UTC))
+        await self.cover(ctx, policy, ctx.targets[0])
+
+    async def cover(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> None:
+        """Before an attempt on `target`: make the holds cover its worst case plus the
+        worst case of every earlier attempt whose usage is unknown (it may be billed)."""
+        if not ctx.claims:
+            return
+        now = datetime.now(UTC)
+        needed, tokens = self.worst_case(ctx, policy, target, now)
+        for attempt in ctx.attempts:
+            if attempt.usage is None and attempt.status in UNCONFIRMED:
+                extra, extra_tokens = self.worst_case(ctx, policy, attempt.target, now)
+                needed, tokens = needed + extra, tokens + extra_tokens
+        held = sum(h.amount_pico for h in ctx.holds)
+        if needed <= held:
+            return
+        ctx.holds.append(await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now))
+
+    async def _hold(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, amount: int, tokens: int,
+                    now: datetime) -> Hold:
         deadline_s = max(0.0, ctx.deadline - ctx.timeline.enqueue)
         request = HoldRequest(
             request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=target.name,
-            upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=prompt + ctx.max_output_tokens,
+            upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=tokens,
             prompt_tokens_est=ctx.prompt_tokens_estimate, now=now,
             expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s),
         )
-        return await self.ledger.reserve(request, claims)
+        return await self.ledger.reserve(request, ctx.claims)
 
-    async def settle(self, ctx: RequestContext, hold: Hold | None) -> Settlement:
-        """Book every attempt; end the hold unless an attempt's usage is still unknown."""
+    async def settle(self, ctx: RequestContext) -> Settlement:
+        """Book every attempt; end the holds unless an attempt's usage is still unknown."""
+        hold = ctx.holds[0] if ctx.holds else None
         events, cost, saved, tokens = [], 0, 0, 0
         pending = False
         for number, attempt in enumerate(ctx.attempts, start=1):
@@ -114,9 +135,9 @@ class Accounting:
         now = datetime.now(UTC)
         if pending:
             # No refund while usage is unknown: the hold stays until the sweeper ends it.
-            await self.ledger.settle(None, 0, 0, events, now)
+            await self.ledger.settle([], 0, 0, events, now)
         else:
-            await self.ledger.settle(hold, cost, tokens, events, now, state="settled" if cost else "released")
+            await self.ledger.settle(ctx.holds, cost, tokens, events, now)
         return Settlement(cost, saved, pending)
 
 

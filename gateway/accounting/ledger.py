@@ -113,15 +113,22 @@ class Ledger:
         except _Refused as refused:
             raise _budget_error(refused, request.amount_pico) from None
 
-    async def settle(self, hold: Hold | None, charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
-                     now: datetime, state: str = "settled") -> bool:
-        """End the hold (charging `charged_pico`, releasing the rest) and book the events,
-        in one transaction. Returns False if the hold had already ended (e.g. expired)."""
+    async def settle(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
+                     now: datetime) -> bool:
+        """End the holds - charging `charged_pico` across them in order, releasing the
+        rest - and book the events, in one transaction. Returns False if a hold had
+        already ended (e.g. the sweeper expired it first)."""
 
         def op(conn: Connection) -> bool:
             ended = True
-            if hold is not None:
-                ended = _end(conn, hold.id, hold.budget_ids, hold.amount_pico, hold.tokens, charged_pico, tokens_used, state, now)
+            cost, used = charged_pico, tokens_used
+            for i, hold in enumerate(holds):
+                last = i == len(holds) - 1  # whatever the earlier holds cannot take lands on the last
+                charge = cost if last else min(cost, hold.amount_pico)
+                take = used if last else min(used, hold.tokens)
+                cost, used = cost - charge, used - take
+                state = "settled" if charge else "released"
+                ended &= _end(conn, hold.id, hold.budget_ids, hold.amount_pico, hold.tokens, charge, take, state, now)
             if events:
                 conn.execute(UsageEvent.__table__.insert(), events)  # type: ignore[attr-defined]
             return ended
@@ -129,7 +136,7 @@ class Ledger:
         return await self.writer.run(op)
 
     async def book(self, events: list[dict[str, Any]]) -> None:
-        await self.settle(None, 0, 0, events, datetime.now(UTC))
+        await self.settle([], 0, 0, events, datetime.now(UTC))
 
     async def expire_orphans(self, now: datetime) -> int:
         """Holds whose request never settled (a crash, a lost stream) past their expiry.

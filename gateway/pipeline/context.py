@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.accounting.ledger import Hold
+from gateway.accounting.ledger import BudgetClaim, Hold
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
 
@@ -44,6 +44,7 @@ class Attempt:
     provider_request_id: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    limit_headers: dict[str, str] | None = None  # the provider's rate-limit headers on this reply
 
 
 @dataclass(slots=True)
@@ -66,7 +67,8 @@ class RequestContext:
     route: str | None = None
     targets: list[ModelTarget] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
-    hold: Hold | None = None
+    claims: list[BudgetClaim] = field(default_factory=list)  # budgets this request draws on
+    holds: list[Hold] = field(default_factory=list)
     cost_pico: int = 0
     finished: bool = False
     status: int = 200

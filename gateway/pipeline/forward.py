@@ -18,7 +18,7 @@ from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
 from gateway.upstreams.base import Upstream, UpstreamStream
 from gateway.upstreams.sse import SseRelay
-from gateway.upstreams.translate import error_from_reply
+from gateway.upstreams.translate import error_from_reply, limit_headers
 
 MAX_ERROR_BODY = 64 * 1024
 
@@ -65,6 +65,7 @@ async def send_once(
     attempt.http_status = reply.status
     attempt.replica = reply.replica
     attempt.provider_request_id = reply.headers.get("x-request-id")
+    attempt.limit_headers = limit_headers(reply.headers)
     attempt.timeline.mark("end")
     if reply.status != 200:
         raise _fail(attempt, error_from_reply(upstream.name, reply.status, reply.headers, reply.body, upstream.secrets))
@@ -94,6 +95,7 @@ async def open_stream(ctx: RequestContext, upstream: Upstream, target: ModelTarg
     attempt.http_status = stream.status
     attempt.replica = stream.replica
     attempt.provider_request_id = stream.headers.get("x-request-id")
+    attempt.limit_headers = limit_headers(stream.headers)
     if stream.status != 200:
         try:
             body = await _read_bounded(stream)

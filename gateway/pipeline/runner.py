@@ -7,8 +7,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import anyio
 import orjson
@@ -19,14 +20,17 @@ from gateway.auth.keys import KeyOwner
 from gateway.caching.salts import TenantSalts
 from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
 from gateway.pipeline import forward
-from gateway.pipeline.context import RequestContext
+from gateway.pipeline.context import Attempt, RequestContext
+from gateway.pipeline.retry import Retrier
 from gateway.pipeline.parse import check_body, estimate_prompt_tokens, output_bound, parse_json_object, response_format_kind
 from gateway.routing.reload import PolicyHolder
-from gateway.routing.resolved import RouteRequest
+from gateway.routing.resolved import ModelTarget, RouteRequest
 from gateway.telemetry.metrics import Metrics
+from gateway.upstreams.base import UpstreamStream
 from gateway.upstreams.registry import UpstreamRegistry
 
 log = logging.getLogger("gateway.request")
+T = TypeVar("T")
 
 UPSTREAM_PATHS = {"chat.completions": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
 VLLM_ONLY_FIELDS = ("cache_salt",)
@@ -51,8 +55,9 @@ def new_request_id() -> str:
 
 class Pipeline:
     def __init__(self, policies: PolicyHolder, upstreams: UpstreamRegistry, metrics: Metrics, salts: TenantSalts,
-                 accounting: Accounting) -> None:
+                 accounting: Accounting, retrier: Retrier) -> None:
         self.accounting = accounting
+        self.retrier = retrier
         self.policies = policies
         self.upstreams = upstreams
         self.metrics = metrics
@@ -65,12 +70,11 @@ class Pipeline:
             self.parse_and_estimate(ctx, raw_body, headers)
             # admission slots in here
             task = await self.accounting.task_for(ctx)
-            ctx.hold = await self.accounting.reserve(ctx, self.policies.current, task)
+            await self.accounting.reserve(ctx, self.policies.current, task)
             # the response cache slots in here
-            payload = self.prepare_upstream_body(ctx)
             if ctx.stream:
-                return await self.call_streaming(ctx, payload)
-            return await self.call(ctx, payload)
+                return await self.call_streaming(ctx)
+            return await self.call(ctx)
         except BaseException as exc:
             # Whatever went wrong - a refusal, an upstream failure, a bug, the client
             # leaving - the attempts made so far are booked and the hold is ended.
@@ -130,9 +134,8 @@ class Pipeline:
         )
         ctx.max_output_tokens = output_bound(ctx.endpoint, body, ctx.targets[0].max_output_tokens)
 
-    def prepare_upstream_body(self, ctx: RequestContext) -> bytes:
+    def prepare_upstream_body(self, ctx: RequestContext, target: ModelTarget) -> bytes:
         """Patch only what must change; every other client field passes through."""
-        target = ctx.targets[0]
         body = dict(ctx.body)
         body["model"] = target.upstream_model
         if ctx.endpoint != "embeddings" and not (body.get("max_completion_tokens") or body.get("max_tokens")):
@@ -148,9 +151,30 @@ class Pipeline:
                 body.pop(name, None)
         return orjson.dumps(body)
 
-    async def call(self, ctx: RequestContext, payload: bytes) -> JsonReply:
-        target = ctx.targets[0]
-        _, raw = await forward.send_once(ctx, self.upstreams.get(target.upstream), target, payload)
+    def failover_targets(self, ctx: RequestContext) -> list[ModelTarget]:
+        policy = self.policies.current
+        first = ctx.targets[0]
+        return [first, *(policy.targets[name] for name in policy.policy.models[first.name].fallbacks)]
+
+    async def attempt(self, ctx: RequestContext, send: Callable[[ModelTarget, bytes], Awaitable[T]]) -> T:
+        """Every upstream attempt goes through the retry module; attempts after the
+        first are covered by a budget hold first (a pricier fallback, or a retry
+        after an attempt that may have been billed, needs more held)."""
+        policy = self.policies.current
+
+        async def covered(target: ModelTarget) -> T:
+            if ctx.attempts:
+                await self.accounting.cover(ctx, policy, target)
+            return await send(target, self.prepare_upstream_body(ctx, target))
+
+        return await self.retrier.call(ctx, self.failover_targets(ctx), policy.policy.defaults.retry, covered)
+
+    async def call(self, ctx: RequestContext) -> JsonReply:
+        async def send(target: ModelTarget, payload: bytes) -> bytes:
+            _, raw = await forward.send_once(ctx, self.upstreams.get(target.upstream), target, payload)
+            return raw
+
+        raw = await self.attempt(ctx, send)
         await self.finish(ctx, 200)
         headers = self.response_headers(ctx)
         headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
@@ -160,9 +184,11 @@ class Pipeline:
                 headers["x-gateway-task-spent-usd"] = usd(await self.accounting.tasks.spent_pico(task))
         return JsonReply(200, raw, headers)
 
-    async def call_streaming(self, ctx: RequestContext, payload: bytes) -> StreamReply:
-        target = ctx.targets[0]
-        attempt, stream = await forward.open_stream(ctx, self.upstreams.get(target.upstream), target, payload)
+    async def call_streaming(self, ctx: RequestContext) -> StreamReply:
+        async def send(target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:
+            return await forward.open_stream(ctx, self.upstreams.get(target.upstream), target, payload)
+
+        attempt, stream = await self.attempt(ctx, send)
 
         async def done(c: RequestContext) -> None:
             await self.finish(c, 200 if attempt.status == "ok" else 502)
@@ -178,7 +204,7 @@ class Pipeline:
         ctx.timeline.mark("end")
         try:
             if ctx.attempts:
-                settlement = await self.accounting.settle(ctx, ctx.hold)
+                settlement = await self.accounting.settle(ctx)
                 ctx.cost_pico = settlement.cost_pico
         finally:
             self.record_metrics(ctx)

@@ -13,6 +13,7 @@ from gateway.errors import GatewayError, InvalidRequest, RateLimited, UpstreamEr
 CREDENTIAL_LIKE = re.compile(r"(?i)(bearer\s+\S+|\bsk-[A-Za-z0-9_\-]{6,}|\bkey[-_][A-Za-z0-9]{12,})")
 MAX_MESSAGE = 300
 RETRY_HEADERS = ("retry-after", "retry-after-ms")
+LIMIT_HEADER_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "retry-after")
 
 
 def upstream_message(body: bytes, secrets: Iterable[str] = ()) -> str:
@@ -38,7 +39,29 @@ def upstream_message(body: bytes, secrets: Iterable[str] = ()) -> str:
 def error_from_reply(
     upstream: str, status: int, headers: Mapping[str, str], body: bytes, secrets: Iterable[str] = ()
 ) -> GatewayError:
-    message = upstream_message(body, secrets)
+    error = _translate(upstream, status, headers, upstream_message(body, secrets))
+    error.upstream_status = status
+    error.upstream_headers = limit_headers(headers)
+    error.upstream_code = _error_code(body)
+    return error
+
+
+def limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Only what says when to come back: rate-limit state and retry-after."""
+    return {k: v for k, v in headers.items() if k.startswith(LIMIT_HEADER_PREFIXES)}
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    err = data.get("error") if isinstance(data, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def _translate(upstream: str, status: int, headers: Mapping[str, str], message: str) -> GatewayError:
     if status in (400, 422):
         return InvalidRequest(f"upstream `{upstream}` rejected the request: {message}")
     if status == 429:
