@@ -21,8 +21,8 @@ from gateway.caching.salts import TenantSalts
 from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
 from gateway.pipeline import forward
 from gateway.pipeline.context import Attempt, RequestContext
-from gateway.pipeline.retry import Retrier
 from gateway.pipeline.parse import check_body, estimate_prompt_tokens, output_bound, parse_json_object, response_format_kind
+from gateway.pipeline.retry import Retrier
 from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest
 from gateway.telemetry.metrics import Metrics
