@@ -21,6 +21,10 @@ from gateway.accounting.ledger import Ledger
 from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.tasks import TaskStore
 from gateway.accounting.writer import GroupCommitWriter
+from gateway.admission.buckets import Buckets, InProcessBuckets
+from gateway.admission.gate import AdmissionGate
+from gateway.admission.queue import AdmissionQueue
+from gateway.admission.redis_buckets import RedisBuckets
 from gateway.caching.salts import TenantSalts, load_or_create_secret
 from gateway.pipeline.retry import Retrier
 from gateway.pipeline.runner import Pipeline
@@ -70,8 +74,11 @@ class Services:
         accounting = Accounting(ledger, catalog, TaskStore(writer, reader))
         salts = TenantSalts(load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir))
         redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
-        retrier = Retrier(UpstreamHealth(redis))
-        pipeline = Pipeline(policies, upstreams, metrics, salts, accounting, retrier)
+        prefix = settings.gateway_redis_prefix
+        retrier = Retrier(UpstreamHealth(redis, prefix))
+        buckets: Buckets = RedisBuckets(redis, prefix) if redis is not None else InProcessBuckets()
+        admission = AdmissionGate(AdmissionQueue(buckets))
+        pipeline = Pipeline(policies, upstreams, metrics, salts, accounting, retrier, admission)
         return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, redis)
 
     def start_background(self) -> None:

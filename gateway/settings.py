@@ -14,6 +14,7 @@ class Settings(BaseSettings):
     gateway_policy: Path | None = Field(default=None, description="policy YAML path")
     database_url: str | None = Field(default=None, description="SQLite (default, under var_dir) or PostgreSQL URL")
     redis_url: str | None = Field(default=None, description="unset: in-process state")
+    gateway_redis_prefix: str = Field(default="gw", description="key prefix, so several gateways can share one Redis")
     gateway_admin_key: str | None = None
     gateway_secret: str | None = Field(default=None, description="derives cache salts and cache-key hashes")
     gateway_var_dir: Path = Path("var")

@@ -67,6 +67,7 @@ class RequestContext:
     route: str | None = None
     targets: list[ModelTarget] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
+    admitted: Any = None  # admission's record (gateway.admission.gate.Admitted), corrected at settle
     claims: list[BudgetClaim] = field(default_factory=list)  # budgets this request draws on
     holds: list[Hold] = field(default_factory=list)
     cost_pico: int = 0

@@ -65,7 +65,8 @@ class Retrier:
                     kind = _kind(exc)
                     if not is_retryable(exc.upstream_status, kind):
                         raise
-                    await self.health.record_failure(target.upstream, config.cooldown_after, config.cooldown_s)
+                    if exc.upstream_status != 429:  # a 429 is the provider pacing us, handled by its retry-after
+                        await self.health.record_failure(target.upstream, config.cooldown_after, config.cooldown_s)
                     limits = parse_provider_limits(exc.upstream_headers or {})
                     self.health.learn(target.upstream, limits)
                     if not (request_budget.allow() and all(b.allow() for b in shared)):

@@ -16,6 +16,7 @@ import orjson
 
 from gateway.accounting.books import Accounting
 from gateway.accounting.money import usd
+from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
 from gateway.caching.salts import TenantSalts
 from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
@@ -55,8 +56,9 @@ def new_request_id() -> str:
 
 class Pipeline:
     def __init__(self, policies: PolicyHolder, upstreams: UpstreamRegistry, metrics: Metrics, salts: TenantSalts,
-                 accounting: Accounting, retrier: Retrier) -> None:
+                 accounting: Accounting, retrier: Retrier, admission: AdmissionGate) -> None:
         self.accounting = accounting
+        self.admission = admission
         self.retrier = retrier
         self.policies = policies
         self.upstreams = upstreams
@@ -68,8 +70,8 @@ class Pipeline:
         try:
             self.authenticate(ctx, headers)
             self.parse_and_estimate(ctx, raw_body, headers)
-            # admission slots in here
             task = await self.accounting.task_for(ctx)
+            ctx.admitted = await self.admission.admit(ctx, self.policies.current, headers.get("x-priority"))
             await self.accounting.reserve(ctx, self.policies.current, task)
             # the response cache slots in here
             if ctx.stream:
@@ -165,6 +167,7 @@ class Pipeline:
         async def covered(target: ModelTarget) -> T:
             if ctx.attempts:
                 await self.accounting.cover(ctx, policy, target)
+            await self.admission.pace_upstream(ctx, policy, target)
             return await send(target, self.prepare_upstream_body(ctx, target))
 
         return await self.retrier.call(ctx, self.failover_targets(ctx), policy.policy.defaults.retry, covered)
@@ -206,12 +209,13 @@ class Pipeline:
             if ctx.attempts:
                 settlement = await self.accounting.settle(ctx)
                 ctx.cost_pico = settlement.cost_pico
+            await self.admission.settle(ctx, ctx.admitted)
         finally:
             self.record_metrics(ctx)
 
     def response_headers(self, ctx: RequestContext) -> dict[str, str]:
         attempt = ctx.final_attempt
-        headers = {"x-request-id": ctx.request_id}
+        headers = {**ctx.response_headers, "x-request-id": ctx.request_id}
         if attempt is not None:
             headers["x-gateway-model"] = attempt.target.name
             headers["x-gateway-upstream"] = attempt.target.upstream

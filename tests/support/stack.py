@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +76,8 @@ def policy_text(hosted: str, vllm: str, acme_digest: str, globex_digest: str) ->
 def running_stack(tmp_path: Path,
                   hosted_config: HostedSimConfig | None = None,
                   vllm_config: VllmSimConfig | None = None,
-                  poll_s: float = 0.05) -> Iterator[Stack]:
+                  poll_s: float = 0.05,
+                  edit_policy: Callable[[str], str] | None = None) -> Iterator[Stack]:
     import os
 
     os.environ["GATEWAY_TEST_UPSTREAM_KEY"] = UPSTREAM_KEY
@@ -84,7 +85,8 @@ def running_stack(tmp_path: Path,
     with run_asgi_in_thread(create_hosted_app(hosted_config or HostedSimConfig())) as hosted, \
             run_asgi_in_thread(create_vllm_app(vllm_config or VllmSimConfig())) as vllm:
         policy = tmp_path / "policy.yaml"
-        policy.write_text(policy_text(hosted, vllm, key_digest(key), key_digest(other)))
+        text = policy_text(hosted, vllm, key_digest(key), key_digest(other))
+        policy.write_text(edit_policy(text) if edit_policy else text)
         settings = Settings(gateway_policy=policy, gateway_var_dir=tmp_path / "var", gateway_policy_poll_s=poll_s,
                             gateway_admin_key=ADMIN_KEY, database_url=f"sqlite:///{tmp_path / 'var' / 'ledger.db'}")
         with run_asgi_in_thread(create_app(settings)) as gateway:

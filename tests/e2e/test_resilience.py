@@ -1,0 +1,101 @@
+"""Provider 429 storms absorbed inside the deadline, deadlines that stop waiting and
+close the upstream, and clients that hang up mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import create_engine, text
+
+from gateway.sim.hosted import HostedSimConfig
+from tests.e2e.conftest import sim_config, sim_stats
+from tests.e2e.test_openai_sdk import wait_until
+from tests.support.stack import Stack, running_stack
+
+REQUESTS = 300
+RETRY = "  retry: {max_attempts: 5, budget_ratio: 0.6, base_s: 0.05, cap_s: 0.5}\n"
+
+
+@pytest.fixture
+def storm_stack(tmp_path: Path) -> Iterator[Stack]:
+    hosted = HostedSimConfig(fail_429_rate=0.3, retry_after_s=0.05)
+    with running_stack(tmp_path, hosted_config=hosted, edit_policy=lambda t: t.replace("defaults:\n", "defaults:\n" + RETRY, 1)) as s:
+        yield s
+
+
+def test_429_storm_is_absorbed_within_deadline_and_retry_budget(storm_stack: Stack) -> None:
+    stack = storm_stack
+
+    async def go() -> list[int]:
+        sem = asyncio.Semaphore(20)
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def one(i: int) -> int:
+                async with sem:
+                    r = await client.post(f"{stack.gateway}/chat/completions",
+                                          json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"storm {i}"}]},
+                                          headers={"authorization": f"Bearer {stack.key}", "x-request-timeout": "10"})
+                    return r.status_code
+            return await asyncio.gather(*(one(i) for i in range(REQUESTS)))
+
+    statuses = asyncio.run(go())
+    ok = statuses.count(200)
+    assert ok >= 0.99 * REQUESTS, f"only {ok}/{REQUESTS} succeeded: {sorted(set(statuses))}"
+    stats: Any = sim_stats(stack.hosted)
+    attempts = stats["requests"]
+    assert stats["by_status"].get("429", 0) > 0.2 * REQUESTS, "the simulator should really have sent a storm"
+    assert attempts <= REQUESTS * 1.6 + 3, f"{attempts} upstream attempts overran the retry budget"
+    engine = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
+    with engine.connect() as conn:
+        booked = conn.execute(text("SELECT count(*) FROM usage_events")).scalar_one()
+        rate_limited = conn.execute(text("SELECT count(*) FROM usage_events WHERE http_status = 429")).scalar_one()
+    engine.dispose()
+    assert booked == attempts, "every upstream attempt, failed ones included, is booked"
+    assert rate_limited == stats["by_status"]["429"]
+
+
+def test_deadline_mid_stream_stops_waiting_and_aborts_the_pool(fresh_stack: Stack) -> None:
+    sim_config(fresh_stack.vllm, decode_s_per_token=0.1)
+    before = int(sim_stats(fresh_stack.vllm)["aborted"])  # type: ignore[call-overload]
+    client = openai.OpenAI(base_url=fresh_stack.gateway, api_key=fresh_stack.key, max_retries=0)
+    stream = client.chat.completions.create(model="pool-model", messages=[{"role": "user", "content": "long story"}], stream=True,
+                                            max_tokens=100, extra_headers={"x-request-timeout": "0.6"})
+    received = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in stream:
+            received.append(chunk)
+    assert received, "the answer had started streaming before the deadline"
+    assert "deadline" in str(info.value)
+    wait_until(lambda: int(sim_stats(fresh_stack.vllm)["aborted"]) > before)  # type: ignore[call-overload]
+
+
+def test_client_disconnect_mid_stream_cancels_upstream_without_refund(tmp_path: Path) -> None:
+    budget = lambda t: t.replace('\n  globex:', '\n    budget: {usd: "10.00", period: month}\n  globex:', 1)  # noqa: E731
+    with running_stack(tmp_path, edit_policy=budget) as stack:
+        _disconnect(stack)
+
+
+def _disconnect(fresh_stack: Stack) -> None:
+    sim_config(fresh_stack.vllm, decode_s_per_token=0.05)
+    before = int(sim_stats(fresh_stack.vllm)["aborted"])  # type: ignore[call-overload]
+    with httpx.stream("POST", f"{fresh_stack.gateway}/chat/completions", headers={"authorization": f"Bearer {fresh_stack.key}"},
+                      json={"model": "pool-model", "messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 200}) as r:
+        for _ in r.iter_raw():
+            break  # the client reads one chunk and hangs up
+    wait_until(lambda: int(sim_stats(fresh_stack.vllm)["aborted"]) > before)  # type: ignore[call-overload]
+    engine = create_engine(f"sqlite:///{fresh_stack.var_dir / 'ledger.db'}")
+    wait_until(lambda: _status_count(engine, "cancelled") == 1)
+    with engine.connect() as conn:
+        held = conn.execute(text("SELECT count(*) FROM reservations WHERE state = 'reserved'")).scalar_one()
+    engine.dispose()
+    assert held == 1, "usage of the cancelled call is unknown: its hold stays until the sweeper or reconciliation ends it"
+
+
+def _status_count(engine: Any, status: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM usage_events WHERE status = :s"), {"s": status}).scalar_one())
