@@ -1,0 +1,553 @@
+"""Reconciliation: the ledger against what a provider says it billed, with a reason for
+every difference.
+
+Both sides are summed per (UTC day, the model name the provider bills under, the
+provider's id for the upstream's key). The ledger side counts attempts whose usage is
+known (tokens, requests) and every attempt's cost; attempts whose usage never arrived
+are counted by why, because they are what usually explains the provider billing more:
+
+- `unconfirmed`: the reservation expired with no usage; the ledger charged its worst case.
+- `pending`: the usage is unknown and the reservation is still held.
+- `cancelled`: the client went away, the deadline passed or the stream was cut; the
+  provider bills what it generated.
+- `retried`: a failed attempt of a request that was tried again; providers may count it.
+
+A positive request difference is explained by those attempts first, in that order, and
+what they cannot explain is `missing at gateway`; usage the provider lacks is `missing
+at provider`. Token differences follow the requests (split by request share, an
+estimate: reports carry totals, not requests), they are priced at the gateway's own
+price, and any cost left over beyond a tolerance is `price drift`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, time
+from fractions import Fraction
+from typing import Any, cast
+
+from sqlalchemy import Engine, Integer, Table, case, distinct, func, literal_column, select
+from sqlalchemy.sql.expression import ColumnElement, FromClause
+
+from gateway.accounting.money import usd
+from gateway.accounting.prices import PICO_PER_TOKEN_AT_ONE_USD, PriceCatalog, PriceQuote
+from gateway.accounting.tables import Reservation, UsageEvent
+from gateway.routing.policy import Policy
+
+PENDING, CANCELLED, RETRIED, UNCONFIRMED = "pending", "cancelled", "retried", "unconfirmed"
+MISSING_AT_GATEWAY, MISSING_AT_PROVIDER, PRICE_DRIFT = "missing at gateway", "missing at provider", "price drift"
+MATCHED = "matched"
+REASONS = (PENDING, CANCELLED, RETRIED, UNCONFIRMED, MISSING_AT_GATEWAY, MISSING_AT_PROVIDER, PRICE_DRIFT)
+# Which unknown-usage attempts explain provider-billed requests first: the surest first.
+UNKNOWN_USAGE_ORDER = (UNCONFIRMED, PENDING, CANCELLED, RETRIED)
+CUT_SHORT = frozenset({"cancelled", "timeout", "cut"})
+# A thousandth of a micro-dollar per group: far above float noise in a provider's USD
+# amounts, far below anything finance would chase.
+DEFAULT_COST_TOLERANCE_PICO = 1_000
+_SNAPSHOT = re.compile(r"^(.+)-(\d{4}-\d{2}-\d{2}|\d{4})$")  # gpt-4o-mini-2024-07-18, gpt-4-0613
+
+EVENTS = cast(Table, UsageEvent.__table__)  # type: ignore[attr-defined]
+HOLDS = cast(Table, Reservation.__table__)  # type: ignore[attr-defined]
+Group = tuple[date, str, str | None]
+
+ProgressCallback = Callable[[int, str], None]
+"""`on_progress(done_pages, note)`: called after each page or step an import finishes."""
+
+
+class ImportFailed(Exception):
+    """A provider report could not be read or made no sense; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderUsage:
+    """What a provider billed for one (UTC day, model, key), as an importer read it.
+
+    Tokens follow OpenAI's convention: `input_tokens` includes cached and cache-write
+    tokens. A field a source does not report is None (Anthropic's usage report has no
+    request count; a vLLM scrape has no cached tokens and no cost) and is not compared.
+    """
+
+    day: date
+    model: str
+    key_id: str | None
+    input_tokens: int
+    cached_tokens: int | None
+    output_tokens: int
+    requests: int | None
+    cost_pico: int | None
+    source: str
+
+    @property
+    def group(self) -> Group:
+        return (self.day, self.model, self.key_id)
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
+def merge_rows(rows: Iterable[ProviderUsage]) -> list[ProviderUsage]:
+    """One row per (day, model, key): reports split a group across buckets, pages,
+    service tiers or line items, and the comparison needs it whole."""
+    merged: dict[Group, ProviderUsage] = {}
+    for row in rows:
+        seen = merged.get(row.group)
+        merged[row.group] = row if seen is None else replace(
+            seen,
+            input_tokens=seen.input_tokens + row.input_tokens,
+            cached_tokens=_add(seen.cached_tokens, row.cached_tokens),
+            output_tokens=seen.output_tokens + row.output_tokens,
+            requests=_add(seen.requests, row.requests),
+            cost_pico=_add(seen.cost_pico, row.cost_pico),
+        )
+    return sorted(merged.values(), key=lambda r: (r.day, r.model, r.key_id or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Amounts:
+    requests: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    cost_pico: int = 0
+
+    def __add__(self, other: Amounts) -> Amounts:
+        return Amounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
+
+    def __sub__(self, other: Amounts) -> Amounts:
+        return Amounts(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
+
+    def counts_match(self) -> bool:
+        return self.requests == self.input_tokens == self.cached_tokens == self.output_tokens == 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "cost_usd": usd(self.cost_pico)}
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    reason: str
+    amounts: Amounts  # the part of the difference (provider minus ledger) this reason explains
+
+    def as_json(self) -> dict[str, Any]:
+        return {"reason": self.reason, **self.amounts.as_json()}
+
+    def describe(self) -> str:
+        a = self.amounts
+        parts = [f"{a.requests:+d} requests" if a.requests else "",
+                 f"{a.input_tokens:+d} input" + (f" ({a.cached_tokens:+d} cached)" if a.cached_tokens else "") if a.input_tokens or a.cached_tokens else "",
+                 f"{a.output_tokens:+d} output tokens" if a.output_tokens else "",
+                 _signed_usd(a.cost_pico)]
+        return f"{self.reason}: " + ", ".join(p for p in parts if p)
+
+
+@dataclass(slots=True)
+class LedgerGroup:
+    """One (day, model, key) of the ledger: known usage, all cost, and attempts by why."""
+
+    usage: Amounts = Amounts()
+    attempts: Counter[str] = field(default_factory=Counter)  # booked | pending | cancelled | retried | unconfirmed | failed
+    unconfirmed_cost_pico: int = 0
+    unconfirmed_covered: int = 0  # unconfirmed rows whose request's attempts are booked (and counted) already
+
+    def explainable(self, reason: str) -> int:
+        return self.attempts[reason] - (self.unconfirmed_covered if reason == UNCONFIRMED else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """[start, end) in UTC. Whole days (a usage report) compare day by day; a shorter
+    window (two metric scrapes) compares as one period dated by its start."""
+
+    start: datetime
+    end: datetime
+    whole_days: bool
+
+    @classmethod
+    def of(cls, since: date | datetime, until: date | datetime) -> Window:
+        whole = not isinstance(since, datetime) and not isinstance(until, datetime)
+        start, end = _utc(since), _utc(until)
+        if end <= start:
+            raise ValueError(f"the window is empty: {start.isoformat()} is not before {end.isoformat()}")
+        return cls(start, end, whole)
+
+    def day_of(self, day: date) -> date:
+        return day if self.whole_days else self.start.date()
+
+    def covers(self, day: date) -> bool:
+        return self.start.date() <= day < self.end.date() if self.whole_days else True
+
+
+@dataclass(frozen=True, slots=True)
+class ReconciliationRow:
+    day: date
+    model: str
+    key_id: str | None
+    ledger: Amounts
+    provider: Amounts
+    explanations: tuple[Explanation, ...]
+    attempts: Mapping[str, int]
+    in_ledger: bool
+    at_provider: bool
+    not_reported: tuple[str, ...] = ()  # fields the source does not report; taken as equal
+    provider_cost_estimated: bool = False  # the source reports no cost: its tokens at the gateway's price
+
+    @property
+    def difference(self) -> Amounts:
+        return self.provider - self.ledger
+
+    @property
+    def matched(self) -> bool:
+        return not self.explanations
+
+    @property
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.explanations] or [MATCHED]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "day": self.day.isoformat(), "model": self.model, "key_id": self.key_id, "status": MATCHED if self.matched else "different",
+            "ledger": self.ledger.as_json(), "provider": self.provider.as_json(), "difference": self.difference.as_json(),
+            "reasons": [e.as_json() for e in self.explanations], "ledger_attempts": dict(self.attempts),
+            "in_ledger": self.in_ledger, "at_provider": self.at_provider, "not_reported": list(self.not_reported),
+            "provider_cost_estimated": self.provider_cost_estimated,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReconciliationReport:
+    upstream: str
+    source: str
+    window: Window
+    rows: tuple[ReconciliationRow, ...]
+    notes: tuple[str, ...] = ()
+    cost_tolerance_pico: int = DEFAULT_COST_TOLERANCE_PICO
+
+    @property
+    def matched(self) -> bool:
+        return all(row.matched for row in self.rows)
+
+    def totals(self) -> dict[str, Amounts]:
+        """`ledger`, `provider`, `difference`, and the amount each reason explains."""
+        totals = {"ledger": sum((r.ledger for r in self.rows), Amounts()), "provider": sum((r.provider for r in self.rows), Amounts())}
+        totals["difference"] = totals["provider"] - totals["ledger"]
+        for reason in REASONS:
+            explained = [e.amounts for r in self.rows for e in r.explanations if e.reason == reason]
+            if explained:
+                totals[reason] = sum(explained, Amounts())
+        return totals
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "upstream": self.upstream, "source": self.source, "since": self.window.start.isoformat(),
+            "until": self.window.end.isoformat(), "by_day": self.window.whole_days, "matched": self.matched,
+            "cost_tolerance_usd": usd(self.cost_tolerance_pico), "rows": [row.as_json() for row in self.rows],
+            "totals": {name: amounts.as_json() for name, amounts in self.totals().items()}, "notes": list(self.notes),
+        }
+
+    def to_text(self) -> str:
+        """A table for people: ledger/provider per column, each difference's reasons under its row."""
+        return "\n".join(_render(self))
+
+
+def reconcile(
+    engine: Engine,
+    policy: Policy,
+    upstream_name: str,
+    provider_rows: Iterable[ProviderUsage],
+    since: date | datetime,
+    until: date | datetime,
+    *,
+    catalog: PriceCatalog | None = None,
+    source: str | None = None,
+    cost_tolerance_pico: int = DEFAULT_COST_TOLERANCE_PICO,
+) -> ReconciliationReport:
+    """Compare the ledger's usage on `upstream_name` over [since, until) with
+    `provider_rows`. Dates mean whole UTC days; datetimes one window (see `Window`).
+    Without a catalog, token differences are priced with the policy's prices only."""
+    if upstream_name not in policy.upstreams:
+        raise ValueError(f"no upstream `{upstream_name}` in the policy (it has: {', '.join(sorted(policy.upstreams))})")
+    window = Window.of(since, until)
+    rows = list(provider_rows)
+    notes: list[str] = []
+    key_id = policy.upstreams[upstream_name].provider_key_id
+    provider, key_id = _provider_side(rows, window, key_id, notes)
+    ledger = aggregate_ledger(engine, upstream_name, window, key_id)
+    provider = _align_models(provider, {model for _, model, _ in ledger}, notes)
+    pricer = _Pricer(policy, upstream_name, catalog or PriceCatalog([], {}, "policy prices"))
+    compared = [
+        _compare(group, ledger.get(group), provider.get(group), pricer.quote(group[1], group[0]), cost_tolerance_pico)
+        for group in sorted(ledger.keys() | provider.keys(), key=lambda g: (g[0], g[1], g[2] or ""))
+    ]
+    label = source or ", ".join(sorted({r.source for r in rows})) or "no provider rows"
+    return ReconciliationReport(upstream_name, label, window, tuple(compared), tuple(notes), cost_tolerance_pico)
+
+
+def aggregate_ledger(engine: Engine, upstream: str, window: Window, key_id: str | None) -> dict[Group, LedgerGroup]:
+    """The ledger's model attempts on `upstream` in the window, per (day, upstream model)."""
+    e, m, u, h = EVENTS.alias("e"), EVENTS.alias("m"), EVENTS.alias("u"), HOLDS.alias("h")
+    # Requests with more than one real attempt (retries, failovers to another upstream).
+    multi = (select(m.c.request_id).where(m.c.kind == "model", m.c.attempt > 0, *_in_window(m, window))
+             .group_by(m.c.request_id).having(func.count(distinct(m.c.attempt)) > 1).subquery("multi"))
+    # Reservations whose unknown-usage attempts are booked: their later `unconfirmed`
+    # row adds the worst-case charge, not another request the provider might bill.
+    covered = (select(u.c.reservation_id).where(u.c.kind == "model", u.c.attempt > 0, u.c.usage_known.is_(False),
+                                                u.c.reservation_id.is_not(None), *_in_window(u, window))
+               .distinct().subquery("covered"))
+    # Literal columns, not bound parameters: PostgreSQL must see GROUP BY and SELECT agree.
+    one, zero = literal_column("1", Integer), literal_column("0", Integer)
+    is_multi = case((multi.c.request_id.is_not(None), one), else_=zero)
+    is_covered = case((covered.c.reservation_id.is_not(None), one), else_=zero)
+    dims = (e.c.day, e.c.upstream_model, e.c.status, e.c.usage_known, h.c.state, is_multi, is_covered)
+    query = (
+        select(*dims, func.count(), func.sum(e.c.prompt_tokens), func.sum(e.c.cached_tokens),
+               func.sum(e.c.completion_tokens), func.sum(e.c.cost_pico))
+        .select_from(e.outerjoin(h, h.c.id == e.c.reservation_id)
+                     .outerjoin(multi, multi.c.request_id == e.c.request_id)
+                     .outerjoin(covered, covered.c.reservation_id == e.c.reservation_id))
+        .where(e.c.kind == "model", e.c.upstream == upstream, *_in_window(e, window))
+        .group_by(*dims)
+    )
+    groups: dict[Group, LedgerGroup] = {}
+    with engine.connect() as conn:
+        for day, model, status, known, hold, retried, covers, n, prompt, cached, completion, cost in conn.execute(query):
+            group = groups.setdefault((window.day_of(date.fromisoformat(day)), model, key_id), LedgerGroup())
+            category = _category(status, bool(known), hold, bool(retried))
+            group.attempts[category] += n
+            if category == "booked":
+                group.usage += Amounts(n, int(prompt or 0), int(cached or 0), int(completion or 0), 0)
+            group.usage += Amounts(cost_pico=int(cost or 0))
+            if category == UNCONFIRMED:
+                group.unconfirmed_cost_pico += int(cost or 0)
+                group.unconfirmed_covered += n if covers else 0
+    return groups
+
+
+def _category(status: str, usage_known: bool, hold_state: str | None, retried: bool) -> str:
+    if usage_known:
+        return "booked"
+    if status == UNCONFIRMED:
+        return UNCONFIRMED
+    if hold_state == "reserved" or status == "pending":
+        return PENDING
+    if status in CUT_SHORT:
+        return CANCELLED
+    return RETRIED if retried else "failed"
+
+
+def _in_window(t: FromClause, window: Window) -> list[ColumnElement[bool]]:
+    first, last = window.start.date().isoformat(), window.end.date().isoformat()
+    if window.whole_days:
+        return [t.c.day >= first, t.c.day < last]
+    # The day bounds let the (day, ...) index narrow the scan.
+    return [t.c.day >= first, t.c.day <= last, t.c.created_at >= window.start, t.c.created_at < window.end]
+
+
+def _provider_side(rows: list[ProviderUsage], window: Window, key_id: str | None,
+                   notes: list[str]) -> tuple[dict[Group, ProviderUsage], str | None]:
+    """Rows in the window, restricted to the upstream's key when both sides know keys;
+    returns them by group and the key id both sides are compared under."""
+    rows = [replace(r, day=window.day_of(r.day)) for r in rows if window.covers(r.day)]
+    keys = {r.key_id for r in rows}
+    if key_id is not None and None not in keys:
+        others = [r for r in rows if r.key_id != key_id]
+        if others:
+            tokens = sum(r.input_tokens + r.output_tokens for r in others)
+            notes.append(f"left out {tokens} tokens billed to other keys ({', '.join(sorted({str(r.key_id) for r in others}))}): "
+                         f"not this upstream's key {key_id}")
+        rows = [r for r in rows if r.key_id == key_id]
+    else:
+        if key_id is None and keys - {None}:
+            notes.append("the upstream has no `provider_key_id`, so usage of every key the provider reports "
+                         f"({', '.join(sorted(str(k) for k in keys - {None}))}) is compared with it; set it to compare one key")
+        elif key_id is not None:
+            notes.append("the provider's report is not grouped by key; all of it is compared with this upstream")
+        key_id = None
+        rows = [replace(r, key_id=None) for r in rows]
+    return {r.group: r for r in merge_rows(rows)}, key_id
+
+
+def _align_models(provider: dict[Group, ProviderUsage], ledger_models: set[str], notes: list[str]) -> dict[Group, ProviderUsage]:
+    """Providers report the dated snapshot that served a request (`gpt-4o-mini-2024-07-18`)
+    where the gateway asked for the alias (`gpt-4o-mini`); compare them as the alias."""
+    rows = []
+    for row in provider.values():
+        match = _SNAPSHOT.match(row.model)
+        if row.model not in ledger_models and match is not None and match.group(1) in ledger_models:
+            notes.append(f"provider model {row.model} on {row.day} compared as {match.group(1)}, the name the gateway sent")
+            row = replace(row, model=match.group(1))
+        rows.append(row)
+    return {r.group: r for r in merge_rows(rows)}
+
+
+class _Pricer:
+    """The gateway's own price for a billed model name on a day: prices token differences."""
+
+    def __init__(self, policy: Policy, upstream: str, catalog: PriceCatalog) -> None:
+        self.catalog = catalog
+        self.models = [(name, m) for name, m in policy.models.items() if m.upstream == upstream]
+
+    def quote(self, billed_model: str, day: date) -> PriceQuote | None:
+        at = datetime.combine(day, time(12), tzinfo=UTC)
+        for name, model in self.models:
+            if (model.upstream_model or name) == billed_model:
+                found = self.catalog.quote(name, model.upstream_model, model.price, at)
+                if found is not None:
+                    return found
+        return self.catalog.quote(billed_model, None, None, at)
+
+
+def _compare(group: Group, ledger: LedgerGroup | None, provider: ProviderUsage | None,
+             quote: PriceQuote | None, tolerance: int) -> ReconciliationRow:
+    booked = ledger.usage if ledger is not None else Amounts()
+    unconfirmed_cost = ledger.unconfirmed_cost_pico if ledger is not None else 0
+    billed, not_reported = Amounts(), []
+    if provider is not None:
+        # What a source does not report is taken as equal to the ledger: not compared.
+        cached = booked.cached_tokens if provider.cached_tokens is None else provider.cached_tokens
+        requests = booked.requests if provider.requests is None else provider.requests
+        billed = Amounts(requests, provider.input_tokens, cached, provider.output_tokens, 0)
+        not_reported = [name for name, value in (("cached_tokens", provider.cached_tokens), ("requests", provider.requests),
+                                                 ("cost", provider.cost_pico)) if value is None]
+        if provider.cost_pico is None:
+            # No cost from the source: its tokens at the gateway's price, so cost shows the
+            # money side of token differences and price drift cannot arise.
+            priced = _priced(quote, billed - replace(booked, cost_pico=0)) if quote is not None else 0
+            billed = replace(billed, cost_pico=booked.cost_pico - unconfirmed_cost + priced)
+        else:
+            billed = replace(billed, cost_pico=provider.cost_pico)
+    explanations = _explain(billed - booked, ledger, provider is not None, quote, tolerance)
+    return ReconciliationRow(group[0], group[1], group[2], booked, billed, explanations,
+                             dict(ledger.attempts) if ledger is not None else {}, ledger is not None, provider is not None,
+                             tuple(not_reported), provider is not None and provider.cost_pico is None)
+
+
+def _explain(diff: Amounts, ledger: LedgerGroup | None, at_provider: bool, quote: PriceQuote | None,
+             tolerance: int) -> tuple[Explanation, ...]:
+    if diff.counts_match() and abs(diff.cost_pico) <= tolerance:
+        return ()
+    if ledger is None:
+        return (Explanation(MISSING_AT_GATEWAY, diff),)
+    parts: dict[str, Amounts] = {}
+
+    def add(reason: str, amounts: Amounts) -> None:
+        parts[reason] = parts.get(reason, Amounts()) + amounts
+
+    if ledger.unconfirmed_cost_pico:
+        add(UNCONFIRMED, Amounts(cost_pico=-ledger.unconfirmed_cost_pico))
+    if not at_provider:
+        # The whole group is absent: what the ledger booked for it is the difference.
+        add(MISSING_AT_PROVIDER, diff - Amounts(cost_pico=-ledger.unconfirmed_cost_pico))
+        return _ordered(parts)
+    shares = _request_shares(diff.requests, ledger)
+    if diff.requests < 0:
+        add(MISSING_AT_PROVIDER, Amounts(requests=diff.requests))
+    for reason, n in shares:
+        add(reason, Amounts(requests=n))
+    for name in ("input_tokens", "cached_tokens", "output_tokens"):
+        value = getattr(diff, name)
+        if value > 0 and shares:
+            for (reason, _), part in zip(shares, _split(value, [n for _, n in shares]), strict=True):
+                add(reason, Amounts(**{name: part}))
+        elif value:
+            add(MISSING_AT_GATEWAY if value > 0 else MISSING_AT_PROVIDER, Amounts(**{name: value}))
+    if quote is not None:
+        for reason, amounts in list(parts.items()):
+            parts[reason] = amounts + Amounts(cost_pico=_priced(quote, amounts))
+    residual = diff.cost_pico - sum(a.cost_pico for a in parts.values())
+    token_parts = [r for r, a in parts.items() if not a.counts_match()]
+    if residual and quote is None and token_parts:
+        add(token_parts[0], Amounts(cost_pico=residual))  # no price known: the cost cannot be split
+    elif abs(residual) > tolerance or (residual and not parts):
+        add(PRICE_DRIFT, Amounts(cost_pico=residual))
+    elif residual:
+        add(max(parts, key=lambda r: abs(parts[r].cost_pico)), Amounts(cost_pico=residual))  # rounding
+    return _ordered(parts)
+
+
+def _request_shares(requests: int, ledger: LedgerGroup) -> list[tuple[str, int]]:
+    """Provider-billed requests the ledger has no usage for, by the attempts that explain them."""
+    shares, left = [], requests
+    for reason in UNKNOWN_USAGE_ORDER:
+        n = min(left, ledger.explainable(reason))
+        if n > 0:
+            shares.append((reason, n))
+            left -= n
+    if left > 0:
+        shares.append((MISSING_AT_GATEWAY, left))
+    return shares
+
+
+def _ordered(parts: Mapping[str, Amounts]) -> tuple[Explanation, ...]:
+    return tuple(Explanation(r, parts[r]) for r in REASONS if r in parts and parts[r] != Amounts())
+
+
+def _split(total: int, weights: list[int]) -> list[int]:
+    """`total` in proportion to `weights`, in integers that add up exactly (largest remainder)."""
+    whole = sum(weights)
+    shares = [total * w // whole for w in weights]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (total * weights[i]) % whole, reverse=True)
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def _priced(quote: PriceQuote, amounts: Amounts) -> int:
+    """Signed cost of a token difference at `quote` (OpenAI semantics: input includes cached)."""
+    exact = (Fraction(amounts.input_tokens - amounts.cached_tokens) * Fraction(quote.input)
+             + Fraction(amounts.cached_tokens) * Fraction(quote.cached_input)
+             + Fraction(amounts.output_tokens) * Fraction(quote.output)) * PICO_PER_TOKEN_AT_ONE_USD
+    return round(exact)
+
+
+def _utc(value: date | datetime) -> datetime:
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return datetime.combine(value, time(0), tzinfo=UTC)
+
+
+def _render(report: ReconciliationReport) -> list[str]:
+    w = report.window
+    period = (f"UTC days {w.start.date()} up to (not including) {w.end.date()}" if w.whole_days
+              else f"{w.start.isoformat(timespec='seconds')} to {w.end.isoformat(timespec='seconds')}")
+    lines = [f"Reconciliation of upstream `{report.upstream}` against {report.source}, {period}", ""]
+    table = [["DAY", "MODEL", "KEY", "REQUESTS", "INPUT TOKENS", "CACHED", "OUTPUT TOKENS", "COST USD", "DIFFERENCE USD", "RESULT"]]
+    details: dict[int, list[str]] = {}
+    for row in report.rows:
+        led, prov = row.ledger, row.provider
+        table.append([row.day.isoformat(), row.model, row.key_id or "-", f"{led.requests}/{prov.requests}",
+                      f"{led.input_tokens}/{prov.input_tokens}", f"{led.cached_tokens}/{prov.cached_tokens}",
+                      f"{led.output_tokens}/{prov.output_tokens}", f"{usd(led.cost_pico)}/{usd(prov.cost_pico)}",
+                      _signed_usd(row.difference.cost_pico), ", ".join(row.reasons)])
+        extra = [f"  - {e.describe()}" for e in row.explanations]
+        unknown = {k: n for k, n in row.attempts.items() if k != "booked" and n}
+        if unknown:
+            extra.append("    ledger attempts without usage: " + ", ".join(f"{n} {k}" for k, n in sorted(unknown.items())))
+        if row.not_reported:
+            extra.append(f"    not in the provider's report (taken as equal): {', '.join(row.not_reported)}")
+        details[len(table) - 1] = extra
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for index, cells in enumerate(table):
+        lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip())
+        lines.extend(details.get(index, []))
+    if not report.rows:
+        lines.append("(neither the ledger nor the provider has usage in this period)")
+    totals = report.totals()
+    led, prov, diff = totals["ledger"], totals["provider"], totals["difference"]
+    lines += ["", "Columns are ledger/provider.",
+              f"Total: {led.requests}/{prov.requests} requests, {led.input_tokens}/{prov.input_tokens} input tokens, "
+              f"{led.output_tokens}/{prov.output_tokens} output tokens, ${usd(led.cost_pico)}/${usd(prov.cost_pico)} "
+              f"(difference {_signed_usd(diff.cost_pico)})"]
+    lines += [f"  {Explanation(reason, totals[reason]).describe()}" for reason in REASONS if reason in totals]
+    lines += [f"Note: {note}" for note in report.notes]
+    different = sum(not row.matched for row in report.rows)
+    lines.append("All groups matched." if not different else f"{different} of {len(report.rows)} groups differ.")
+    return lines
+
+
+def _signed_usd(pico: int) -> str:
+    return ("+" if pico >= 0 else "-") + "$" + usd(abs(pico))
