@@ -91,6 +91,24 @@ def cmd_pricing_show(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from datetime import date
+
+    from gateway.accounting.importers import run_reconcile
+    from gateway.settings import Settings
+
+    policy = args.policy or os.environ.get("GATEWAY_POLICY")
+    if not policy:
+        print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
+        return 2
+    settings = Settings()
+    code, text = run_reconcile(policy, args.database_url or settings.effective_database_url(), args.provider,
+                               date.fromisoformat(args.since), date.fromisoformat(args.until) if args.until else None,
+                               show_progress=not args.quiet, pricing_dir=settings.gateway_pricing_dir)
+    print(text)
+    return code
+
+
 def cmd_keys_new(args: argparse.Namespace) -> int:
     key = new_api_key()
     print(f"API key for tenant `{args.tenant}` (shown once; give it to the application):\n  {key}\n")
@@ -141,6 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--pricing-dir", help="pricing overrides folder (default: the bundled pricing/)")
     show.add_argument("--at", help="ISO date-time to price at (default: now)")
     show.set_defaults(func=cmd_pricing_show)
+
+    reconcile = sub.add_parser("reconcile", help="compare the ledger with what a provider billed")
+    reconcile.add_argument("--provider", required=True,
+                           help="an upstream name from the policy, vllm:UPSTREAM[@SECONDS], csv:[UPSTREAM:]PATH or anthropic:[UPSTREAM:]PATH")
+    reconcile.add_argument("--since", required=True, help="first day, YYYY-MM-DD")
+    reconcile.add_argument("--until", help="day after the last, YYYY-MM-DD (default: through today)")
+    reconcile.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY)")
+    reconcile.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
+    reconcile.add_argument("--quiet", action="store_true", help="no progress bar")
+    reconcile.set_defaults(func=cmd_reconcile)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

@@ -10,8 +10,10 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.accounting.importers import reconcile_upstream
+from gateway.accounting.reconcile import ImportFailed
 from gateway.accounting.reports import cost_rows, parse_group_by, rows_to_csv
-from gateway.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
+from gateway.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, UpstreamError
 from gateway.services import Services
 
 
@@ -51,6 +53,22 @@ def build_admin_router() -> APIRouter:
         if q.get("format") == "csv" or "text/csv" in request.headers.get("accept", ""):
             return Response(rows_to_csv(rows, group_by), media_type="text/csv")
         return Response(orjson.dumps({"rows": rows}), media_type="application/json")
+
+    @router.get("/reconcile")
+    async def reconcile(request: Request) -> Response:
+        services = admin_services(request)
+        q = request.query_params
+        provider, since = q.get("provider"), _day(q.get("since"), "since")
+        if not provider or since is None:
+            raise InvalidRequest("`provider` (an upstream name, csv:PATH, ...) and `since` (a date) are required")
+        try:
+            report = await reconcile_upstream(services.reader, services.policies.current.policy, provider, since,
+                                              _day(q.get("until"), "until"), catalog=services.accounting.catalog)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        except ImportFailed as exc:
+            raise UpstreamError(f"the provider's usage report could not be read: {exc}") from None
+        return Response(orjson.dumps(report), media_type="application/json")
 
     @router.post("/sweep")
     async def sweep(request: Request) -> Response:

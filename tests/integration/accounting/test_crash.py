@@ -9,6 +9,7 @@ import os
 import textwrap
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -110,6 +111,9 @@ def test_sigkill_under_load_loses_no_billed_request(tmp_path: Path) -> None:
                 unconfirmed = conn.execute(text("SELECT count(*) FROM usage_events WHERE status = 'unconfirmed'")).scalar_one()
                 reserved = conn.execute(text("SELECT sum(reserved_pico) FROM budgets")).scalar_one()
             engine.dispose()
+            report = httpx.get(f"{restarted.url}/admin/reconcile", headers={"authorization": f"Bearer {ADMIN}"},
+                               params={"provider": "hosted", "since": datetime.now(UTC).date().isoformat()}, timeout=30)
+            assert report.status_code == 200, report.text
         finally:
             restarted.stop()
 
@@ -118,3 +122,13 @@ def test_sigkill_under_load_loses_no_billed_request(tmp_path: Path) -> None:
     assert missing, "a SIGKILL mid-load should leave some billed requests unconfirmed"
     assert unconfirmed >= len(missing), f"{len(missing)} billed requests have no ledger row (only {unconfirmed} unconfirmed)"
     assert reserved == 0
+    # Reconciliation against the provider's own usage report explains every difference
+    # by what the crash did - nothing is simply missing on either side.
+    rows = report.json()["rows"]
+    assert rows
+    for row in rows:
+        reasons = {r["reason"] for r in row["reasons"]}
+        assert reasons <= {"unconfirmed", "pending", "cancelled", "retried"}, row
+        explained = sum(r["requests"] for r in row["reasons"])
+        assert explained == row["difference"]["requests"], row
+    assert any(row["reasons"] for row in rows), "the killed requests must show up as explained differences"
