@@ -1,0 +1,285 @@
+"""Gateway vs direct: what the gateway adds to latency, throughput and CPU.
+
+Starts the hosted simulator and a gateway in front of it (minimal policy, one tenant
+with a budget so the durable reservation is on the path), then runs closed-loop load
+against each for every mode x concurrency, back to back. Prints Markdown tables and
+writes bench/out/overhead-<timestamp>.json.
+
+    .venv/bin/python bench/overhead.py            # 10 s per run, concurrency 1,16,64
+    .venv/bin/python bench/overhead.py --quick    # ~40 s smoke run: 3 s runs, concurrency 1,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uvloop
+
+from bench import procs
+from bench.loadgen import CLIENTS, Target, closed_loop
+from bench.report import OVERHEAD_COLUMNS, ROOT, RUN_COLUMNS, git_commit, machine_info, markdown_table, write_json
+from bench.stats import RunSamples, added_latency, summarize
+from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
+from gateway.auth.keys import key_digest, new_api_key
+
+GATEWAY_CPU, LOAD_CPU = 0, 1
+READY_TIMEOUT_S = 60.0
+SETTLE_S = 0.3  # lets the ledger writer finish a run's settlements before CPU is read
+SIM_KEY = "sk-sim-bench"
+CHAT_PATH = "/v1/chat/completions"
+POLICY = """\
+version: 1
+upstreams:
+  local:
+    kind: openai
+    base_url: http://127.0.0.1:{sim_port}/v1
+    api_key_env: BENCH_SIM_API_KEY    # the simulator, like OpenAI, answers 401 without a key
+models:
+  bench-model:
+    upstream: local
+    price: {{input: 0.15, cached_input: 0.075, output: 0.60}}
+tenants:
+  acme:
+    api_keys: ["{digest}"]
+    budget: {{usd: "1000000.00", period: month}}
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default 2)")
+    parser.add_argument("--concurrency", default="1,16,64", help="comma-separated closed-loop concurrencies")
+    parser.add_argument("--modes", default="non-stream,stream", help="comma-separated: non-stream, stream")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 0.5 s warm-up, concurrency 1,16")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="raw", help="load generator HTTP client (default raw)")
+    parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers (default 1)")
+    parser.add_argument("--max-requests", type=int, default=1_000_000, help="cap on requests per run")
+    parser.add_argument("--token-delay", type=float, default=0.0, help="simulator seconds between streamed chunks")
+    parser.add_argument("--latency", type=float, default=0.0, help="simulator seconds before the first token")
+    parser.add_argument("--database-url", help="gateway DATABASE_URL (default: SQLite in a temporary GATEWAY_VAR_DIR)")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.warmup, args.concurrency = 3.0, 0.5, "1,16"
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.concurrency or min(args.concurrency) < 1 or max(args.concurrency) > 1024:
+        parser.error("--concurrency: integers from 1 to 1024")
+    if not set(args.modes) <= {"non-stream", "stream"} or not args.modes:
+        parser.error("--modes: non-stream and/or stream")
+    if not 0 < args.duration <= 600 or not 0 <= args.warmup <= 60:
+        parser.error("--duration must be within (0, 600] and --warmup within [0, 60]")
+    return args
+
+
+def _raise_interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class Stack:
+    """The simulator and the gateway, started in order and always stopped."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path, exits: ExitStack) -> None:
+        self.args, self.workdir, self.exits = args, workdir, exits
+        self.pinned = not args.no_pin and procs.can_pin()
+        self.api_key = new_api_key()
+        self.sim_port, self.gateway_port = procs.free_port(), procs.free_port()
+        self.sim = self._start_simulator()
+        self.gateway, self.startup = self._start_gateway()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int) -> procs.Spawned:
+        proc = procs.Spawned(name, [sys.executable, "-m", "gateway", *argv], env, self.workdir, cpu if self.pinned else None)
+        self.exits.callback(proc.stop)
+        return proc
+
+    def _start_simulator(self) -> procs.Spawned:
+        argv = ["sim", "hosted", "--host", "127.0.0.1", "--port", str(self.sim_port),
+                "--token-delay", str(self.args.token_delay), "--latency", str(self.args.latency)]
+        sim = self._spawn("simulator", argv, dict(os.environ), LOAD_CPU)
+        procs.wait_until(sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
+        return sim
+
+    def _start_gateway(self) -> tuple[procs.Spawned, dict[str, float]]:
+        policy = self.workdir / "policy.yaml"
+        policy.write_text(POLICY.format(sim_port=self.sim_port, digest=key_digest(self.api_key)))
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_POLICY")}
+        env |= {"GATEWAY_VAR_DIR": str(self.workdir / "var"), "BENCH_SIM_API_KEY": SIM_KEY}
+        if self.args.database_url:
+            env["DATABASE_URL"] = self.args.database_url
+        argv = ["serve", "--policy", str(policy), "--host", "127.0.0.1", "--port", str(self.gateway_port),
+                "--workers", str(self.args.workers)]
+        gateway = self._spawn("gateway", argv, env, GATEWAY_CPU)
+        healthz_s = procs.wait_until(gateway, self.gateway_port, "GET", "/healthz", READY_TIMEOUT_S)
+        first_200_s = procs.wait_until(gateway, self.gateway_port, "POST", CHAT_PATH, READY_TIMEOUT_S,
+                                       body=chat_body(False), headers=self.target("gateway", False).headers())
+        return gateway, {"healthz_s": round(healthz_s, 3), "first_chat_200_s": round(first_200_s, 3)}
+
+    def target(self, name: str, stream: bool) -> Target:
+        port, key = (self.sim_port, SIM_KEY) if name == "direct" else (self.gateway_port, self.api_key)
+        return Target(name, port, CHAT_PATH, key, stream, chat_body(stream))
+
+    def memory(self) -> dict[str, int]:
+        return {"rss_kib": procs.memory_kib(self.gateway.pid), "hwm_kib": procs.memory_kib(self.gateway.pid, "VmHWM")}
+
+    def cpu(self) -> CpuTimes:
+        busy = procs.cpu_busy_seconds(GATEWAY_CPU) if self.pinned else math.nan
+        return CpuTimes(procs.cpu_seconds(self.gateway.pid), procs.cpu_seconds(self.sim.pid), time.process_time(), busy)
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Cumulative CPU seconds: each process tree, this process (the load generator),
+    and all of CPU 0 (NaN unpinned)."""
+
+    gateway: float
+    sim: float
+    loadgen: float
+    cpu0_busy: float
+
+
+def cpu_figures(target: Target, samples: RunSamples, start: CpuTimes, end: CpuTimes, settled: CpuTimes) -> dict[str, Any]:
+    """Per-request CPU from start to `settled` (after the ledger writes of the run's last
+    requests); utilisation percentages over the run itself (start to `end`)."""
+    done, elapsed = max(samples.completed, 1), samples.elapsed_s or math.nan
+    gateway_s = end.gateway - start.gateway
+    figures: dict[str, Any] = {
+        "sim_cpu_ms_per_req": round((settled.sim - start.sim) * 1000 / done, 3),
+        "loadgen_cpu_ms_per_req": round((end.loadgen - start.loadgen) * 1000 / done, 3),
+        "loadgen_cpu_pct": round((end.loadgen - start.loadgen) * 100 / elapsed, 1),
+        "gateway_cpu_pct": round(gateway_s * 100 / elapsed, 1),
+        # CPU 0 time used by anything but the gateway: the shared machine's noise.
+        "cpu0_others_pct": None if math.isnan(start.cpu0_busy) else
+        round(min(100.0, max(0.0, end.cpu0_busy - start.cpu0_busy - gateway_s) * 100 / elapsed), 1),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+    if target.name == "gateway":
+        figures["gateway_cpu_ms_per_req"] = round((settled.gateway - start.gateway) * 1000 / done, 3)
+    return figures
+
+
+async def measure(stack: Stack, target: Target, concurrency: int) -> dict[str, Any]:
+    args = stack.args
+    client = CLIENTS[args.client](concurrency)
+    try:
+        if args.warmup > 0:
+            await closed_loop(client, target, concurrency, args.warmup, args.max_requests)
+        await asyncio.sleep(SETTLE_S)
+        start = stack.cpu()
+        samples = await closed_loop(client, target, concurrency, args.duration, args.max_requests)
+        end = stack.cpu()
+        await asyncio.sleep(SETTLE_S)
+        settled = stack.cpu()
+    finally:
+        await client.aclose()
+    row: dict[str, Any] = {"target": target.name, "mode": "stream" if target.stream else "non-stream", "concurrency": concurrency}
+    return row | summarize(samples) | cpu_figures(target, samples, start, end, settled)
+
+
+async def run_matrix(stack: Stack) -> list[dict[str, Any]]:
+    """Direct and gateway back to back for each combination, so both see the same noise."""
+    rows = []
+    for mode in stack.args.modes:
+        for concurrency in stack.args.concurrency:
+            for name in ("direct", "gateway"):
+                row = await measure(stack, stack.target(name, mode == "stream"), concurrency)
+                print(f"  {name:8s} {mode:10s} c={concurrency:<3d} {row['rps']:9.1f} req/s  p50 {row['p50_ms']:8.2f} ms"
+                      f"  p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}", file=sys.stderr, flush=True)
+                rows.append(row)
+    return rows
+
+
+def overhead_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_key = {(r["target"], r["mode"], r["concurrency"]): r for r in rows}
+    result = []
+    for (target, mode, concurrency), gateway in by_key.items():
+        direct = by_key.get(("direct", mode, concurrency))
+        if target == "gateway" and direct is not None:
+            entry = {"mode": mode, "concurrency": concurrency, **added_latency(direct, gateway)}
+            result.append(entry | {"gateway_cpu_ms_per_req": gateway.get("gateway_cpu_ms_per_req")})
+    return result
+
+
+@contextmanager
+def workspace() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    try:
+        yield path
+    except BaseException:
+        print(f"logs kept in {path}", file=sys.stderr)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Ctrl-C and SIGTERM both unwind through the finally blocks that stop the children,
+    # even when started from a shell that ignores SIGINT for background jobs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    report: dict[str, Any] = {
+        "benchmark": "overhead",
+        "command": shlex.join(sys.orig_argv),
+        "git": git_commit(),
+        "machine": machine_info(),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        | {"prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"},
+    }
+    with workspace() as workdir, ExitStack() as exits:
+        stack = Stack(args, workdir, exits)
+        if stack.pinned:
+            os.sched_setaffinity(0, {LOAD_CPU})
+        report["pinning"] = {"used": stack.pinned, "gateway_cpu": GATEWAY_CPU if stack.pinned else None,
+                             "simulator_and_loadgen_cpu": LOAD_CPU if stack.pinned else None}
+        report["startup"] = stack.startup
+        report["memory_idle"] = stack.memory()
+        print(f"started in {stack.startup['first_chat_200_s']:.2f} s; pinned: {stack.pinned}; client: {args.client}",
+              file=sys.stderr, flush=True)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            rows = runner.run(run_matrix(stack))
+        report["memory_after_load"] = stack.memory()
+        report["runs"] = rows
+        report["overhead"] = overhead_rows(rows)
+    print_report(report)
+    path = write_json("overhead", report, args.out_dir)
+    print(f"\nJSON: {path}")
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+def print_report(report: dict[str, Any]) -> None:
+    machine, git = report["machine"], report["git"]
+    print(f"\n## Gateway overhead vs direct ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']},"
+          f" pinned: {report['pinning']['used']}, client: {report['config']['client']})\n")
+    print(markdown_table(RUN_COLUMNS, report["runs"]))
+    print("\n### Added by the gateway (gateway minus direct, same mode and concurrency)\n")
+    print(markdown_table(OVERHEAD_COLUMNS, report["overhead"]))
+    idle, after = report["memory_idle"], report["memory_after_load"]
+    print(f"\nGateway start-up: /healthz after {report['startup']['healthz_s']:.2f} s, first chat 200 after"
+          f" {report['startup']['first_chat_200_s']:.2f} s. RSS idle {idle['rss_kib'] / 1024:.1f} MiB, after load"
+          f" {after['rss_kib'] / 1024:.1f} MiB (peak {after['hwm_kib'] / 1024:.1f} MiB).")
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; subprocesses stopped", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,98 @@
+"""What a benchmark run leaves behind: the machine it ran on, Markdown tables for the
+terminal, and a JSON file under bench/out/."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "bench" / "out"
+
+
+def git_commit() -> dict[str, Any]:
+    """Read-only git queries (`--no-optional-locks`: no index refresh is written)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "--no-optional-locks", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    changes = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "--short", "HEAD"), "tracked_changes": bool(changes) if changes is not None else None}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def markdown_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[str, Any]]) -> str:
+    """`columns`: (header, key) pairs; missing or NaN values print as `-`."""
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(_cell(row.get(key)) for _, key in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+RUN_COLUMNS = [
+    ("target", "target"), ("mode", "mode"), ("conc", "concurrency"), ("req/s", "rps"),
+    ("p50 ms", "p50_ms"), ("p90 ms", "p90_ms"), ("p99 ms", "p99_ms"), ("TTFT p50 ms", "ttft_p50_ms"),
+    ("errors", "errors"), ("gw CPU ms/req", "gateway_cpu_ms_per_req"), ("sim CPU ms/req", "sim_cpu_ms_per_req"),
+    ("loadgen CPU %", "loadgen_cpu_pct"), ("gw CPU %", "gateway_cpu_pct"), ("others on CPU 0 %", "cpu0_others_pct"),
+]
+OVERHEAD_COLUMNS = [
+    ("mode", "mode"), ("conc", "concurrency"), ("added p50 ms", "added_p50_ms"), ("added p99 ms", "added_p99_ms"),
+    ("added TTFT p50 ms", "added_ttft_p50_ms"), ("throughput gw/direct", "throughput_ratio"),
+    ("gw CPU ms/req", "gateway_cpu_ms_per_req"),
+]
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN is not JSON: write null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json(name: str, report: Mapping[str, Any], out_dir: Path = OUT_DIR) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(_json_safe(dict(report)), indent=2) + "\n")
+    return path
