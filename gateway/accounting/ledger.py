@@ -100,16 +100,16 @@ class Ledger:
                 params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
                 if conn.execute(HOLD, params).rowcount != 1:  # type: ignore[attr-defined]
                     raise _refusal(conn, claim)
-            conn.execute(Reservation.__table__.insert().values(  # type: ignore[attr-defined]
+            conn.execute(Reservation.__table__.insert(), [dict(  # type: ignore[attr-defined]
                 id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
                 task_id=request.task_id, model=request.model, upstream_model=request.upstream_model, upstream=request.upstream, endpoint=request.endpoint,
                 budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
                 prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
-                expires_at=request.expires_at))
+                expires_at=request.expires_at)])
             return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims))
 
         try:
-            return await self.writer.run(op)
+            return await self.writer.run(op, isolated=True)
         except _Refused as refused:
             raise _budget_error(refused, request.amount_pico) from None
 

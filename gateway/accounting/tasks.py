@@ -50,7 +50,7 @@ class TaskStore:
             conn.execute(Task.__table__.insert().values(  # type: ignore[attr-defined]
                 id=task_id, tenant=tenant, key_id=key_id, budget_id=info.budget_id, deadline_at=deadline, created_at=now))
 
-        await self.writer.run(op)
+        await self.writer.run(op, isolated=True)
         self._remember(info)
         return info
 

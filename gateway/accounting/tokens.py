@@ -9,6 +9,7 @@ and budgeting only: the provider's reported usage is the billing truth.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import tiktoken
+
+log = logging.getLogger("gateway.tokens")
 
 DEFAULT_ENCODING = "o200k_base"
 # Chat framing heuristic (OpenAI cookbook): tokens per message, per name, reply priming.
@@ -37,8 +40,16 @@ def _point_tiktoken_at_bundled_files() -> None:
 
 @lru_cache(maxsize=8)
 def get_encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
+    """The named encoding; one that cannot be loaded here (unknown, or not bundled and
+    no network) falls back to o200k_base - an estimate is still better than none."""
     _point_tiktoken_at_bundled_files()
-    return tiktoken.get_encoding(name)
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception:
+        if name == DEFAULT_ENCODING:
+            raise
+        log.warning("tokenizer %s is not available; estimating with %s", name, DEFAULT_ENCODING)
+        return tiktoken.get_encoding(DEFAULT_ENCODING)
 
 
 @lru_cache(maxsize=256)

@@ -17,6 +17,7 @@ KEY_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
 
 Name = Annotated[str, Field(pattern=NAME, max_length=128)]
+Tokenizer = Literal["o200k_base", "cl100k_base", "o200k_harmony", "p50k_base", "r50k_base"]
 Usd = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=9)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
 
@@ -75,7 +76,7 @@ class Model(Strict):
     upstream: Name
     upstream_model: str | None = Field(default=None, description="name sent upstream; defaults to the key")
     price: Price | None = None
-    tokenizer: str | None = Field(default=None, description="tiktoken encoding for estimates")
+    tokenizer: Tokenizer | None = Field(default=None, description="tiktoken encoding for estimates")
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     limits: RateLimits | None = None
     fallbacks: list[Name] = Field(default_factory=list, description="models to fail over to when this one's upstream keeps failing")
@@ -161,7 +162,7 @@ class Defaults(Strict):
     max_output_tokens: Annotated[int, Field(ge=1)] = 4096
     request_timeout_s: PositiveSeconds = 600.0
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
-    tokenizer: str = "o200k_base"
+    tokenizer: Tokenizer = "o200k_base"
     task_limits: TaskLimits = Field(default_factory=TaskLimits)
     # tiktoken's count estimates the provider's; holds add this much so a prompt that
     # tokenizes longer upstream still fits inside what was reserved.
