@@ -18,9 +18,9 @@ from sqlalchemy import Engine, text
 from gateway.accounting.books import Accounting
 from gateway.accounting.database import make_engine, migrate
 from gateway.accounting.ledger import Ledger
-from gateway.accounting.tokens import get_encoding
 from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.tasks import TaskStore
+from gateway.accounting.tokens import get_encoding
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.admission.buckets import Buckets, InProcessBuckets
 from gateway.admission.gate import AdmissionGate
