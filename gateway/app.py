@@ -12,6 +12,7 @@ from gateway.api.errors import install_error_handlers
 from gateway.api.health import build_health_router
 from gateway.api.openai_routes import build_router
 from gateway.api.tasks import build_tasks_router
+from gateway.api.tools import build_tools_router
 from gateway.services import Services
 from gateway.settings import Settings
 
@@ -35,4 +36,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(build_router())
     app.include_router(build_tasks_router())
     app.include_router(build_admin_router())
+    app.include_router(build_tools_router())
     return app

@@ -26,14 +26,21 @@ from gateway.admission.buckets import Buckets, InProcessBuckets
 from gateway.admission.gate import AdmissionGate
 from gateway.admission.queue import AdmissionQueue
 from gateway.admission.redis_buckets import RedisBuckets
+from gateway.caching.redis_store import RedisStore
+from gateway.caching.response_cache import ResponseCache
 from gateway.caching.salts import TenantSalts, load_or_create_secret
+from gateway.caching.store import CacheStore, MemoryStore
+from gateway.caching.tool_cache import ToolCache
+from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
 from gateway.pipeline.retry import Retrier
-from gateway.pipeline.runner import Pipeline
+from gateway.pipeline.runner import Pipeline, PipelineParts
+from gateway.pipeline.tool_calls import ToolRunner
 from gateway.routing.reload import PolicyHolder
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.health import UpstreamHealth
 from gateway.upstreams.registry import UpstreamRegistry
+from gateway.upstreams.tools import ToolClient
 
 log = logging.getLogger("gateway")
 
@@ -49,6 +56,7 @@ class Services:
     accounting: Accounting
     writer: GroupCommitWriter
     reader: Engine
+    tools: ToolRunner
     redis: Redis | None = None
     started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -76,14 +84,20 @@ class Services:
         writer = GroupCommitWriter(writer_engine)
         ledger = Ledger(writer)
         accounting = Accounting(ledger, catalog, TaskStore(writer, reader))
-        salts = TenantSalts(load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir))
+        secret = load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir)
+        salts = TenantSalts(secret)
         redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
         prefix = settings.gateway_redis_prefix
         retrier = Retrier(UpstreamHealth(redis, prefix))
         buckets: Buckets = RedisBuckets(redis, prefix) if redis is not None else InProcessBuckets()
         admission = AdmissionGate(AdmissionQueue(buckets))
-        pipeline = Pipeline(policies, upstreams, metrics, salts, accounting, retrier, admission)
-        return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, redis)
+        # The in-process cache's size bound is read once, at start-up.
+        store: CacheStore = (RedisStore(redis, prefix) if redis is not None
+                             else MemoryStore(policies.current.policy.defaults.response_cache_max_bytes))
+        pipeline = Pipeline(PipelineParts(policies, upstreams, metrics, salts, accounting, retrier, admission,
+                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector()))
+        tools = ToolRunner(policies, ToolClient(), ToolCache(store, secret), accounting)
+        return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, redis)
 
     def start_background(self) -> None:
         self.writer.start()
@@ -130,6 +144,7 @@ class Services:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.upstreams.aclose()
+        await self.tools.client.aclose()
         if self.redis is not None:
             await self.redis.aclose()
         await self.writer.stop()

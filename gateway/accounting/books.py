@@ -13,6 +13,7 @@ from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, ex
 from gateway.accounting.money import pico_from_usd
 from gateway.accounting.prices import PriceCatalog, PriceQuote
 from gateway.accounting.tasks import TaskInfo, TaskStore
+from gateway.caching.response_cache import CachedAnswer
 from gateway.errors import GatewayError, NotFound
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.routing.policy import Budget
@@ -139,6 +140,24 @@ class Accounting:
         else:
             await self.ledger.settle(ctx.holds, cost, tokens, events, now)
         return Settlement(cost, saved, pending)
+
+
+    async def book_cache_hit(self, ctx: RequestContext, answer: CachedAnswer) -> None:
+        """A hit costs nothing upstream; its row records what the upstream call it
+        replaced would have cost now, as savings. No tokens: none were billed."""
+        now = datetime.now(UTC)
+        target = ctx.targets[0]
+        usage = Usage.from_openai(answer.usage) if answer.usage else Usage()
+        saved = self.quote(target, now).cost_pico(usage)
+        await self.ledger.book([{
+            "request_id": ctx.request_id, "attempt": 0, "reservation_id": None, "tenant": ctx.tenant, "key_id": ctx.key_id,
+            "task_id": ctx.task_id, "kind": "cache_hit", "endpoint": ctx.endpoint, "model": answer.model,
+            "upstream_model": target.upstream_model, "upstream": answer.upstream, "route": ctx.route, "status": "ok",
+            "http_status": 200, "usage_known": True, "prompt_tokens_est": ctx.prompt_tokens_estimate, "prompt_tokens": 0,
+            "cached_tokens": 0, "cache_write_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cost_pico": 0,
+            "saved_pico": saved, "price_source": "response cache", "created_at": now, "day": now.date().isoformat(),
+            "timeline": orjson.dumps(ctx.timeline.as_offsets_ms()).decode(),
+        }])
 
 
 def tenant_claim(tenant: str, budget: Budget, now: datetime) -> BudgetClaim:

@@ -5,12 +5,12 @@ usage after the call. Upstream pacing uses the same buckets, scoped to the upstr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from gateway.admission.buckets import BucketSpec, TakeResult
 from gateway.admission.limits import (
     RPM,
     TPM,
+    Admitted,
     model_specs,
     ratelimit_headers,
     request_takes,
@@ -24,14 +24,6 @@ from gateway.pipeline.context import RequestContext
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 
 BATCH = "batch"
-
-
-@dataclass(slots=True)
-class Admitted:
-    """What admission took for one request, so settlement can correct it."""
-
-    tokens: float = 0.0
-    token_specs: list[BucketSpec] = field(default_factory=list)
 
 
 def _first(specs: list[BucketSpec], kind: str) -> BucketSpec | None:

@@ -70,6 +70,12 @@ def build_admin_router() -> APIRouter:
             raise UpstreamError(f"the provider's usage report could not be read: {exc}") from None
         return Response(orjson.dumps(report), media_type="application/json")
 
+    @router.get("/prompt-hygiene")
+    async def prompt_hygiene(request: Request) -> Response:
+        """Per tenant: how many prompts start with volatile text that defeats prefix caching."""
+        services = admin_services(request)
+        return Response(orjson.dumps(services.pipeline.parts.hygiene.report()), media_type="application/json")
+
     @router.post("/sweep")
     async def sweep(request: Request) -> Response:
         services = admin_services(request)

@@ -61,9 +61,8 @@ _HEX_VIEW = bytes.maketrans(b"0123456789abcdefABCDEFhH", b"hhhhhhhhhhhhhhhhhhhhh
 # prose, and a literal prefix the engine finds fast.
 _NUMBER_LIKE = rb"""
 0000(?:
-    (?=[\#%]0)          # 2026-11-29, 2026/1/2, ISO timestamps: the span starts here
-  | (?=0{6})            # Unix time: ten digits or more, starts here
-  | (?<=[%\ ]0000)      # 29.11.2026, 1/2/2026, Nov 29, 2026: starts before the year
+    (?P<here>(?=[\#%]0|0{6}))   # 2026-11-29, 2026/1/2, ISO timestamps, Unix time: the span starts here
+  | (?<=[%\ ]0000)             # 29.11.2026, 1/2/2026, Nov 29, 2026: it starts before this year
 )"""
 _TIME_NEEDLE = b"00%00%00"  # 10:32:07
 _UUID_NEEDLE = b"hhhh-hhhh-hhhh"  # found 4, 9 or 14 characters into a uuid
@@ -79,6 +78,11 @@ _PREFIX_BACK = 12  # "correlation_"
 _LETTERS = frozenset(b"abcdefghijklmnopqrstuvwxyz")
 _WORDISH = _LETTERS | {ord("0")}
 _PERCENT, _SPACE = ord("%"), ord(" ")
+_MONTH_WORDS = frozenset(
+    b"jan january feb february mar march apr april may jun june jul july aug august"
+    b" sep sept september oct october nov november dec december".split()
+)
+_ORDINALS = (b"st", b"nd", b"rd", b"th")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +152,14 @@ class VolatilityDetector:
             before = folded[year - 1] if year else 0
             if before == _PERCENT:  # d/m/yyyy: one or two digits each for d and m
                 starts: Sequence[int] = (year - 6, year - 5, year - 4)
-            elif before == _SPACE:
+            elif before == _SPACE:  # "Nov 29, 2026", "29 Nov 2026"; "in 2024" gives none
                 starts = _date_starts(text, folded, year - 1)
             else:
                 starts = ()
-            after = folded[year + 4:year + 10]
-            if (after[:1] in (b"#", b"%") and after[1:2] == b"0") or after == b"000000":  # yyyy-m..., Unix time
+            if found.lastgroup == "here":
                 starts = (*starts, year)
-            yield year, starts
+            if starts:
+                yield year, starts
 
     def _request_id_candidates(self, folded: bytes) -> Iterator[tuple[int, Sequence[int]]]:
         for found in self._request_id_like.finditer(folded):
@@ -198,22 +202,30 @@ def _run_start(view: bytes, end: int, allowed: frozenset[int], limit: int) -> in
 
 
 def _date_starts(text: str, folded: bytes, space: int) -> Sequence[int]:
-    """Before the year of "Nov 29, 2026" or "29 Nov 2026" come two words (month and
-    day, either order) and maybe a comma: the span can only start at the first word."""
+    """Before the year of "Nov 29, 2026" or "29 Nov 2026" come a month and a day, in
+    either order, and maybe a comma: the span can only start at the first of them."""
     if text[space + 1:space + 3] not in ("19", "20"):
         return ()
     end = space - 1 if space > 0 and text[space - 1] == "," else space
-    second = _word_start(text, folded, end)
-    if second == end or second < 2 or text[second - 1] != " ":
+    second, second_end = _date_word(text, folded, end)
+    if second == second_end or second < 2 or text[second - 1] != " ":
         return ()
-    return (_word_start(text, folded, second - 1),)
+    first, first_end = _date_word(text, folded, second - 1)
+    one, two = folded[first:first_end], folded[second:second_end]
+    if (one in _MONTH_WORDS and _is_day(two)) or (_is_day(one) and two in _MONTH_WORDS):
+        return (first,)
+    return ()
 
 
-def _word_start(text: str, folded: bytes, end: int) -> int:
-    """Start of the letters-or-digits word ending at `end`, allowing one trailing '.' ("Sept.")."""
+def _date_word(text: str, folded: bytes, end: int) -> tuple[int, int]:
+    """(start, end) of the letters-or-digits word ending at `end`, less one trailing '.' ("Sept.")."""
     if end > 0 and text[end - 1] == ".":
         end -= 1
-    return _run_start(folded, end, _WORDISH, _DATE_WORD_CHARS)
+    return _run_start(folded, end, _WORDISH, _DATE_WORD_CHARS), end
+
+
+def _is_day(word: bytes) -> bool:
+    return (word[:-2] if word[-2:] in _ORDINALS else word) in (b"0", b"00")
 
 
 def _prompt_text(messages: list[Any], limit: int) -> tuple[str, list[int]]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.accounting.ledger import BudgetClaim, Hold
+from gateway.admission.limits import Admitted
+from gateway.caching.response_cache import CachedAnswer, CachePlan
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
 
@@ -18,6 +20,14 @@ class Usage:
     cache_write_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+        }
 
     @classmethod
     def from_openai(cls, usage: dict[str, Any]) -> Usage:
@@ -67,7 +77,9 @@ class RequestContext:
     route: str | None = None
     targets: list[ModelTarget] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
-    admitted: Any = None  # admission's record (gateway.admission.gate.Admitted), corrected at settle
+    cache: CachePlan | None = None
+    cache_answer: CachedAnswer | None = None  # served instead of an upstream call
+    admitted: Admitted | None = None  # what admission took, corrected at settle
     claims: list[BudgetClaim] = field(default_factory=list)  # budgets this request draws on
     holds: list[Hold] = field(default_factory=list)
     cost_pico: int = 0

@@ -21,6 +21,7 @@ from gateway.upstreams.sse import SseRelay
 from gateway.upstreams.translate import error_from_reply, limit_headers
 
 MAX_ERROR_BODY = 64 * 1024
+MAX_KEPT_BYTES = 4 * 1024 * 1024
 
 
 def remaining_s(ctx: RequestContext) -> float:
@@ -127,7 +128,12 @@ async def relay_stream(
     attempt: Attempt,
     stream: UpstreamStream,
     finish: Callable[[RequestContext], Awaitable[None]],
+    keep: bytearray | None = None,
+    before_done: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[bytes]:
+    """Relay upstream events as they complete. `keep` collects them (up to a bound) and
+    `before_done` runs once the answer is complete but before the client sees [DONE],
+    so a cached copy exists by the time the client can ask again."""
     relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
     chunks = stream.aiter_raw()
     timeline = attempt.timeline
@@ -152,6 +158,17 @@ async def relay_stream(
                     timeline.first_token = time.monotonic()
                     ctx.timeline.first_token = ctx.timeline.first_token or timeline.first_token
                 timeline.last_token = time.monotonic()
+                if keep is not None:
+                    if len(keep) + len(out) > MAX_KEPT_BYTES:
+                        keep.clear()  # too big to cache: the caller finds nothing to store
+                        keep = None
+                    else:
+                        keep += out
+                if relay.done and before_done is not None and relay.error is None:
+                    if relay.usage is not None:
+                        attempt.usage = Usage.from_openai(relay.usage)
+                    hook, before_done = before_done, None
+                    await hook()
                 yield out
         if relay.usage is not None:
             attempt.usage = Usage.from_openai(relay.usage)

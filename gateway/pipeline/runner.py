@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import orjson
@@ -18,10 +17,15 @@ from gateway.accounting.books import Accounting
 from gateway.accounting.money import usd
 from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
+from gateway.caching.replay import completion_from_stream, stream_from_completion
+from gateway.caching.response_cache import BYPASS, HIT, ResponseCache, cache_scope
 from gateway.caching.salts import TenantSalts
+from gateway.caching.steering import steer
+from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
 from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
 from gateway.pipeline import forward
 from gateway.pipeline.context import Attempt, RequestContext
+from gateway.pipeline.observe import record_request
 from gateway.pipeline.parse import check_body, estimate_prompt_tokens, output_bound, parse_json_object, response_format_kind
 from gateway.pipeline.retry import Retrier
 from gateway.routing.reload import PolicyHolder
@@ -34,7 +38,6 @@ log = logging.getLogger("gateway.request")
 T = TypeVar("T")
 
 UPSTREAM_PATHS = {"chat.completions": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
-VLLM_ONLY_FIELDS = ("cache_salt",)
 
 
 @dataclass(slots=True)
@@ -54,26 +57,41 @@ def new_request_id() -> str:
     return "req_" + secrets.token_hex(12)
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineParts:
+    """Everything the stages use, built once in the app's lifespan."""
+
+    policies: PolicyHolder
+    upstreams: UpstreamRegistry
+    metrics: Metrics
+    salts: TenantSalts
+    accounting: Accounting
+    retrier: Retrier
+    admission: AdmissionGate
+    cache: ResponseCache
+    hygiene: PrefixHygiene
+    volatility: VolatilityDetector
+
+
 class Pipeline:
-    def __init__(self, policies: PolicyHolder, upstreams: UpstreamRegistry, metrics: Metrics, salts: TenantSalts,
-                 accounting: Accounting, retrier: Retrier, admission: AdmissionGate) -> None:
-        self.accounting = accounting
-        self.admission = admission
-        self.retrier = retrier
-        self.policies = policies
-        self.upstreams = upstreams
-        self.metrics = metrics
-        self.salts = salts
+    def __init__(self, parts: PipelineParts) -> None:
+        self.parts = parts
+        self.policies = parts.policies
+        self.accounting = parts.accounting
 
     async def run(self, endpoint: str, raw_body: bytes, headers: Mapping[str, str]) -> JsonReply | StreamReply:
         ctx = RequestContext(request_id=new_request_id(), endpoint=endpoint, path=UPSTREAM_PATHS[endpoint])
+        p = self.parts
         try:
             self.authenticate(ctx, headers)
             self.parse_and_estimate(ctx, raw_body, headers)
             task = await self.accounting.task_for(ctx)
-            ctx.admitted = await self.admission.admit(ctx, self.policies.current, headers.get("x-priority"))
+            # A cached answer spends nothing upstream, so it needs neither capacity nor a hold.
+            cached = await self.serve_from_cache(ctx, headers.get("cache-control", ""))
+            if cached is not None:
+                return cached
+            ctx.admitted = await p.admission.admit(ctx, self.policies.current, headers.get("x-priority"))
             await self.accounting.reserve(ctx, self.policies.current, task)
-            # the response cache slots in here
             if ctx.stream:
                 return await self.call_streaming(ctx)
             return await self.call(ctx)
@@ -120,10 +138,10 @@ class Pipeline:
         ctx.task_id = headers.get("x-task-id") or None
         ctx.task_class = headers.get("x-task-class") or None
         ctx.deadline = ctx.timeline.enqueue + _timeout_s(headers, policy.policy.defaults.request_timeout_s)
-        first_tokenizer = policy.targets[next(iter(policy.targets))].tokenizer if policy.targets else "o200k_base"
-        if ctx.requested_model in policy.targets:
-            first_tokenizer = policy.targets[ctx.requested_model].tokenizer
-        ctx.prompt_tokens_estimate = estimate_prompt_tokens(ctx.endpoint, body, first_tokenizer)
+        named = policy.targets.get(ctx.requested_model)
+        ctx.prompt_tokens_estimate = estimate_prompt_tokens(ctx.endpoint, body, named.tokenizer if named else policy.policy.defaults.tokenizer)
+        if ctx.endpoint == "chat.completions":
+            self.watch_prefix(ctx, body["messages"])
         ctx.route, ctx.targets = policy.candidates(
             ctx.requested_model,
             RouteRequest(
@@ -136,6 +154,30 @@ class Pipeline:
         )
         ctx.max_output_tokens = output_bound(ctx.endpoint, body, ctx.targets[0].max_output_tokens)
 
+    def watch_prefix(self, ctx: RequestContext, messages: list[Any]) -> None:
+        """Volatile text early in a prompt (a timestamp in the system prompt) defeats
+        prefix caching; count it per tenant so the waste is visible."""
+        span = self.parts.volatility.first_volatile(messages)
+        self.parts.hygiene.observe(ctx.tenant, span)
+        if span is not None:
+            self.parts.metrics.volatile_prefix.labels(ctx.tenant, span.kind).inc()
+
+    async def serve_from_cache(self, ctx: RequestContext, cache_control: str) -> JsonReply | StreamReply | None:
+        cache = self.parts.cache
+        ctx.cache = cache.plan(ctx.endpoint, ctx.tenant, ctx.targets[0], ctx.body, self.policies.current, cache_control)
+        answer = await cache.lookup(ctx.cache)
+        if answer is None:
+            return None
+        ctx.cache.status = HIT
+        ctx.cache_answer = answer
+        await self.finish(ctx, 200)
+        headers = {**self.response_headers(ctx), "x-gateway-model": answer.model, "x-gateway-upstream": answer.upstream,
+                   "x-gateway-cost-usd": usd(0)}
+        if not ctx.stream:
+            return JsonReply(200, answer.body, headers)
+        events = stream_from_completion(orjson.loads(answer.body), include_usage=ctx.client_wants_usage)
+        return StreamReply(_replay(events), headers)
+
     def prepare_upstream_body(self, ctx: RequestContext, target: ModelTarget) -> bytes:
         """Patch only what must change; every other client field passes through."""
         body = dict(ctx.body)
@@ -146,11 +188,9 @@ class Pipeline:
         if ctx.stream:
             options = body.get("stream_options")
             body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        if target.upstream_kind == "vllm":
-            body["cache_salt"] = self.salts.cache_salt(ctx.tenant)
-        else:
-            for name in VLLM_ONLY_FIELDS:
-                body.pop(name, None)
+        policy = self.policies.current
+        steer(body, target.upstream_kind, cache_scope(policy, ctx.tenant), self.parts.salts,
+              policy.policy.upstreams[target.upstream].prompt_cache_key)
         return orjson.dumps(body)
 
     def failover_targets(self, ctx: RequestContext) -> list[ModelTarget]:
@@ -167,18 +207,18 @@ class Pipeline:
         async def covered(target: ModelTarget) -> T:
             if ctx.attempts:
                 await self.accounting.cover(ctx, policy, target)
-            await self.admission.pace_upstream(ctx, policy, target)
+            await self.parts.admission.pace_upstream(ctx, policy, target)
             return await send(target, self.prepare_upstream_body(ctx, target))
 
-        return await self.retrier.call(ctx, self.failover_targets(ctx), policy.policy.defaults.retry, covered)
+        return await self.parts.retrier.call(ctx, self.failover_targets(ctx), policy.policy.defaults.retry, covered)
 
     async def call(self, ctx: RequestContext) -> JsonReply:
-        async def send(target: ModelTarget, payload: bytes) -> bytes:
-            _, raw = await forward.send_once(ctx, self.upstreams.get(target.upstream), target, payload)
-            return raw
+        async def send(target: ModelTarget, payload: bytes) -> tuple[dict[str, Any], bytes]:
+            return await forward.send_once(ctx, self.parts.upstreams.get(target.upstream), target, payload)
 
-        raw = await self.attempt(ctx, send)
+        body, raw = await self.attempt(ctx, send)
         await self.finish(ctx, 200)
+        await self.remember(ctx, body, raw)
         headers = self.response_headers(ctx)
         headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
         if ctx.task_id is not None:
@@ -189,14 +229,35 @@ class Pipeline:
 
     async def call_streaming(self, ctx: RequestContext) -> StreamReply:
         async def send(target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:
-            return await forward.open_stream(ctx, self.upstreams.get(target.upstream), target, payload)
+            return await forward.open_stream(ctx, self.parts.upstreams.get(target.upstream), target, payload)
 
         attempt, stream = await self.attempt(ctx, send)
+        # Keep what was relayed (bounded) so a complete answer can be cached once it ends.
+        relayed: bytearray | None = bytearray() if ctx.cache is not None and ctx.cache.store else None
 
         async def done(c: RequestContext) -> None:
             await self.finish(c, 200 if attempt.status == "ok" else 502)
 
-        return StreamReply(forward.relay_stream(ctx, attempt, stream, done), self.response_headers(ctx))
+        async def cache_complete_answer() -> None:
+            body = completion_from_stream(bytes(relayed or b"").split(b"\n\n"))
+            if body is not None:
+                if attempt.usage is not None and body.get("usage") is None:
+                    body["usage"] = attempt.usage.as_openai()
+                await self.remember(ctx, body, orjson.dumps(body))
+
+        relay = forward.relay_stream(ctx, attempt, stream, done, relayed, cache_complete_answer if relayed is not None else None)
+        return StreamReply(relay, self.response_headers(ctx))
+
+    async def remember(self, ctx: RequestContext, body: dict[str, Any], raw: bytes) -> None:
+        """Cache the answer under the model the request was planned for - only if that
+        model answered (a fallback's answer is not the planned model's)."""
+        attempt = ctx.final_attempt
+        if ctx.cache is None or not ctx.cache.store or attempt is None or attempt.target is not ctx.targets[0]:
+            return
+        try:
+            await self.parts.cache.save(ctx.cache, attempt.target, body, raw)
+        except Exception:  # a cache that is down costs hits, never answers
+            log.warning("could not store a response in the cache", exc_info=True)
 
     async def finish(self, ctx: RequestContext, status: int) -> None:
         """Settle and record; runs exactly once per request, success or not."""
@@ -206,12 +267,14 @@ class Pipeline:
         ctx.status = status
         ctx.timeline.mark("end")
         try:
-            if ctx.attempts:
+            if ctx.cache_answer is not None:
+                await self.accounting.book_cache_hit(ctx, ctx.cache_answer)
+            elif ctx.attempts:
                 settlement = await self.accounting.settle(ctx)
                 ctx.cost_pico = settlement.cost_pico
-            await self.admission.settle(ctx, ctx.admitted)
+            await self.parts.admission.settle(ctx, ctx.admitted)
         finally:
-            self.record_metrics(ctx)
+            record_request(self.parts.metrics, ctx)
 
     def response_headers(self, ctx: RequestContext) -> dict[str, str]:
         attempt = ctx.final_attempt
@@ -221,34 +284,8 @@ class Pipeline:
             headers["x-gateway-upstream"] = attempt.target.upstream
         if ctx.route:
             headers["x-gateway-route"] = ctx.route
+        headers["x-gateway-cache"] = ctx.cache.status if ctx.cache is not None else BYPASS
         return headers
-
-    # -- telemetry --------------------------------------------------------------------
-
-    def record_metrics(self, ctx: RequestContext) -> None:
-        m = self.metrics
-        model = ctx.final_attempt.target.name if ctx.final_attempt else "none"
-        m.requests.labels(ctx.tenant or "unauthenticated", model, _status_class(ctx.status)).inc()
-        tl = ctx.timeline
-        end = tl.end or time.monotonic()
-        m.e2e.labels(model).observe(end - tl.enqueue)
-        if tl.first_token is not None:
-            m.ttft.labels(model).observe(tl.first_token - tl.enqueue)
-        for attempt in ctx.attempts:
-            a_tl = attempt.timeline
-            m.attempts.labels(attempt.target.upstream, attempt.target.name, attempt.status).inc()
-            if a_tl.upstream_start is not None and a_tl.end is not None:
-                m.upstream_latency.labels(attempt.target.upstream).observe(a_tl.end - a_tl.upstream_start)
-            usage = attempt.usage
-            if usage is None:
-                continue
-            m.tokens.labels(ctx.tenant, attempt.target.name, "input").inc(usage.prompt_tokens)
-            m.tokens.labels(ctx.tenant, attempt.target.name, "cached").inc(usage.cached_tokens)
-            m.tokens.labels(ctx.tenant, attempt.target.name, "output").inc(usage.completion_tokens)
-            if ctx.prompt_tokens_estimate:
-                m.estimate_error.labels(attempt.target.name).observe(usage.prompt_tokens / ctx.prompt_tokens_estimate)
-            if usage.completion_tokens > 1 and a_tl.first_token is not None and a_tl.last_token is not None:
-                m.tpot.labels(attempt.target.name).observe((a_tl.last_token - a_tl.first_token) / (usage.completion_tokens - 1))
 
 
 def _timeout_s(headers: Mapping[str, str], default: float) -> float:
@@ -264,5 +301,6 @@ def _timeout_s(headers: Mapping[str, str], default: float) -> float:
     return value
 
 
-def _status_class(status: int) -> str:
-    return "ok" if status < 400 else str(status)
+async def _replay(events: list[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event

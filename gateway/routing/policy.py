@@ -58,6 +58,7 @@ class Upstream(Strict):
     keepalive_s: Annotated[float, Field(gt=0, le=3600)] = 4.0
     provider_key_id: str | None = Field(default=None, description="the id the provider's usage reports give the key this upstream uses")
     limits: RateLimits | None = Field(default=None, description="the provider's limits for our key, so we slow down before it says 429")
+    prompt_cache_key: bool = Field(default=True, description="kind openai: send a tenant-scoped prompt_cache_key (turn off for servers that reject it)")
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:

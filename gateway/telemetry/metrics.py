@@ -25,6 +25,9 @@ class Metrics:
             buckets=(0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0), registry=r,
         )
         self.policy_reloads = Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r)
+        self.cache = Counter("gateway_response_cache", "Response cache outcomes", ["tenant", "result"], registry=r)
+        self.volatile_prefix = Counter("gateway_prompt_prefix_volatile", "Prompts whose prefix holds volatile content",
+                                       ["tenant", "kind"], registry=r)
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served", registry=r)
 
     def render(self) -> bytes:

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from gateway.sim.vllm import VllmSimConfig
+from tests.e2e.test_openai_sdk import wait_until
 from tests.support.stack import ADMIN_KEY, Stack, running_stack
 
 MILLION = Decimal(1_000_000)
@@ -74,6 +75,8 @@ def test_streamed_calls_are_billed_from_real_usage(stack: Stack, model: str, cli
     options = {"stream_options": {"include_usage": True}} if client_wants_usage else {}
     chunks = list(client.chat.completions.create(model=model, messages=messages(f"Stream {client_wants_usage}?"), stream=True,
                                                  extra_headers={"x-task-id": task_id}, **options))  # type: ignore[call-overload]
+    # A stream is settled just after its last chunk reaches the client.
+    wait_until(lambda: len(task_events(stack, task_id)) == 1)
     [event] = task_events(stack, task_id)
     assert event["status"] == "ok" and event["usage_confirmed"]
     # The same prompt non-streamed tells us the provider's usage for it (the simulator is deterministic).
