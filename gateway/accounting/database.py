@@ -56,10 +56,18 @@ def _v1_initial(conn: Connection) -> None:
     SQLModel.metadata.create_all(conn, tables=tables)
 
 
+def _v2_route_verdicts(conn: Connection) -> None:
+    have = {c["name"] for c in inspect(conn).get_columns("usage_events")}
+    for name in ("checks", "escalation"):
+        if name not in have:
+            conn.exec_driver_sql(f"ALTER TABLE usage_events ADD COLUMN {name} VARCHAR(300)")
+
+
 # Append only; never edit a shipped migration. Each must be safe on a database that
 # already has what it adds (fresh databases get the current tables in v1).
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1_initial),
+    (2, _v2_route_verdicts),
 ]
 
 

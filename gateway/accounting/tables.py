@@ -88,6 +88,11 @@ class UsageEvent(SQLModel, table=True):
     created_at: datetime
     day: str = Field(max_length=10)
     timeline: str = Field(default="{}", sa_column=Column(Text, nullable=False, default="{}"))  # JSON, ms offsets
+    # Added in schema v2: the verifiable checks' verdict on this attempt's answer
+    # ("passed", or "failed: invalid_json, truncated"), and for an attempt that a route
+    # escalated away from, why.
+    checks: str | None = Field(default=None, max_length=300)
+    escalation: str | None = Field(default=None, max_length=300)
 
 
 class Task(SQLModel, table=True):
