@@ -109,6 +109,29 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_routes_report(args: argparse.Namespace) -> int:
+    from datetime import date
+
+    from gateway.accounting.database import make_engine
+    from gateway.accounting.prices import PriceCatalog
+    from gateway.accounting.route_report import report_text, route_report
+    from gateway.settings import Settings
+
+    policy_path = args.policy or os.environ.get("GATEWAY_POLICY")
+    if not policy_path:
+        print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
+        return 2
+    settings = Settings()
+    engine = make_engine(args.database_url or settings.effective_database_url())
+    try:
+        report = route_report(engine, load_policy_file(policy_path), PriceCatalog.load(settings.gateway_pricing_dir),
+                              date.fromisoformat(args.since) if args.since else None)
+    finally:
+        engine.dispose()
+    print(report_text(report))
+    return 0
+
+
 def cmd_keys_new(args: argparse.Namespace) -> int:
     key = new_api_key()
     print(f"API key for tenant `{args.tenant}` (shown once; give it to the application):\n  {key}\n")
@@ -169,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
     reconcile.add_argument("--quiet", action="store_true", help="no progress bar")
     reconcile.set_defaults(func=cmd_reconcile)
+
+    routes = sub.add_parser("routes", help="routing reports")
+    routes_sub = routes.add_subparsers(dest="routes_command", required=True)
+    report = routes_sub.add_parser("report", help="per route: escalation rate by reason, cost per successful request")
+    report.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY)")
+    report.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
+    report.add_argument("--since", help="first day, YYYY-MM-DD")
+    report.set_defaults(func=cmd_routes_report)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

@@ -41,6 +41,7 @@ from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.health import UpstreamHealth
 from gateway.upstreams.registry import UpstreamRegistry
 from gateway.upstreams.tools import ToolClient
+from gateway.verify.signals import Verifier
 
 log = logging.getLogger("gateway")
 
@@ -95,7 +96,7 @@ class Services:
         store: CacheStore = (RedisStore(redis, prefix) if redis is not None
                              else MemoryStore(policies.current.policy.defaults.response_cache_max_bytes))
         pipeline = Pipeline(PipelineParts(policies, upstreams, metrics, salts, accounting, retrier, admission,
-                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector()))
+                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier()))
         tools = ToolRunner(policies, ToolClient(), ToolCache(store, secret), accounting)
         return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, redis)
 

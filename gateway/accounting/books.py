@@ -90,14 +90,17 @@ class Accounting:
         await self.cover(ctx, policy, ctx.targets[0])
 
     async def cover(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> None:
-        """Before an attempt on `target`: make the holds cover its worst case plus the
-        worst case of every earlier attempt whose usage is unknown (it may be billed)."""
+        """Before an attempt on `target`: make the holds cover its worst case plus what
+        earlier attempts cost (their real cost, or their worst case while unknown)."""
         if not ctx.claims:
             return
         now = datetime.now(UTC)
         needed, tokens = self.worst_case(ctx, policy, target, now)
         for attempt in ctx.attempts:
-            if attempt.usage is None and attempt.status in UNCONFIRMED:
+            if attempt.usage is not None:  # spent already (e.g. the answer a route escalated from)
+                needed += self.quote(attempt.target, now).cost_pico(attempt.usage)
+                tokens += attempt.usage.prompt_tokens + attempt.usage.completion_tokens
+            elif attempt.status in UNCONFIRMED:
                 extra, extra_tokens = self.worst_case(ctx, policy, attempt.target, now)
                 needed, tokens = needed + extra, tokens + extra_tokens
         held = sum(h.amount_pico for h in ctx.holds)
@@ -185,4 +188,5 @@ def _event(ctx: RequestContext, attempt: Attempt, number: int, hold: Hold | None
         "completion_tokens": usage.completion_tokens, "reasoning_tokens": usage.reasoning_tokens,
         "cost_pico": cost, "saved_pico": saved, "price_source": quote.source[:200], "created_at": at,
         "day": at.date().isoformat(), "timeline": orjson.dumps(attempt.timeline.as_offsets_ms(ctx.timeline.enqueue)).decode(),
+        "checks": attempt.checks, "escalation": attempt.escalation,
     }

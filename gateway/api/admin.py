@@ -13,6 +13,7 @@ from starlette.responses import Response
 from gateway.accounting.importers import reconcile_upstream
 from gateway.accounting.reconcile import ImportFailed
 from gateway.accounting.reports import cost_rows, parse_group_by, rows_to_csv
+from gateway.accounting.route_report import route_report
 from gateway.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, UpstreamError
 from gateway.services import Services
 
@@ -68,6 +69,14 @@ def build_admin_router() -> APIRouter:
             raise InvalidRequest(str(exc)) from None
         except ImportFailed as exc:
             raise UpstreamError(f"the provider's usage report could not be read: {exc}") from None
+        return Response(orjson.dumps(report), media_type="application/json")
+
+    @router.get("/routes")
+    async def routes(request: Request) -> Response:
+        services = admin_services(request)
+        since = _day(request.query_params.get("since"), "since")
+        report = await anyio.to_thread.run_sync(route_report, services.reader, services.policies.current.policy,
+                                                services.accounting.catalog, since)
         return Response(orjson.dumps(report), media_type="application/json")
 
     @router.get("/prompt-hygiene")

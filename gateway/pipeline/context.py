@@ -55,6 +55,8 @@ class Attempt:
     usage: Usage | None = None
     error: str | None = None
     limit_headers: dict[str, str] | None = None  # the provider's rate-limit headers on this reply
+    checks: str | None = None  # the route's verdict on this answer: "passed" or "failed: ..."
+    escalation: str | None = None  # why the route moved on from this answer
 
 
 @dataclass(slots=True)
@@ -71,6 +73,7 @@ class RequestContext:
     body: dict[str, Any] = field(default_factory=dict)
     requested_model: str = ""
     stream: bool = False
+    buffered: bool = False  # a streamed request answered upstream in one piece, checked, then replayed
     client_wants_usage: bool = False
     prompt_tokens_estimate: int = 0
     max_output_tokens: int = 0

@@ -25,14 +25,17 @@ from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
 from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
 from gateway.pipeline import forward
 from gateway.pipeline.context import Attempt, RequestContext
+from gateway.pipeline.escalation import checks_for, run_chain
 from gateway.pipeline.observe import record_request
 from gateway.pipeline.parse import check_body, estimate_prompt_tokens, output_bound, parse_json_object, response_format_kind
 from gateway.pipeline.retry import Retrier
+from gateway.routing.policy import Route
 from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest
 from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.base import UpstreamStream
 from gateway.upstreams.registry import UpstreamRegistry
+from gateway.verify.signals import Verifier
 
 log = logging.getLogger("gateway.request")
 T = TypeVar("T")
@@ -71,6 +74,7 @@ class PipelineParts:
     cache: ResponseCache
     hygiene: PrefixHygiene
     volatility: VolatilityDetector
+    verifier: Verifier
 
 
 class Pipeline:
@@ -92,6 +96,9 @@ class Pipeline:
                 return cached
             ctx.admitted = await p.admission.admit(ctx, self.policies.current, headers.get("x-priority"))
             await self.accounting.reserve(ctx, self.policies.current, task)
+            route = self.checked_route(ctx)
+            if route is not None:
+                return await self.call_route(ctx, route, headers)
             if ctx.stream:
                 return await self.call_streaming(ctx)
             return await self.call(ctx)
@@ -185,20 +192,23 @@ class Pipeline:
         if ctx.endpoint != "embeddings" and not (body.get("max_completion_tokens") or body.get("max_tokens")):
             # Send the bound we reserve for, so the worst case really is the worst case.
             body["max_tokens" if ctx.endpoint == "completions" else "max_completion_tokens"] = target.max_output_tokens
-        if ctx.stream:
+        if ctx.stream and not ctx.buffered:
             options = body.get("stream_options")
             body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        elif ctx.buffered:  # the gateway checks the whole answer, then replays it as a stream
+            body.pop("stream", None)
+            body.pop("stream_options", None)
         policy = self.policies.current
         steer(body, target.upstream_kind, cache_scope(policy, ctx.tenant), self.parts.salts,
               policy.policy.upstreams[target.upstream].prompt_cache_key)
         return orjson.dumps(body)
 
-    def failover_targets(self, ctx: RequestContext) -> list[ModelTarget]:
+    def failover_targets(self, first: ModelTarget) -> list[ModelTarget]:
         policy = self.policies.current
-        first = ctx.targets[0]
         return [first, *(policy.targets[name] for name in policy.policy.models[first.name].fallbacks)]
 
-    async def attempt(self, ctx: RequestContext, send: Callable[[ModelTarget, bytes], Awaitable[T]]) -> T:
+    async def attempt(self, ctx: RequestContext, send: Callable[[ModelTarget, bytes], Awaitable[T]],
+                      first: ModelTarget | None = None) -> T:
         """Every upstream attempt goes through the retry module; attempts after the
         first are covered by a budget hold first (a pricier fallback, or a retry
         after an attempt that may have been billed, needs more held)."""
@@ -210,7 +220,8 @@ class Pipeline:
             await self.parts.admission.pace_upstream(ctx, policy, target)
             return await send(target, self.prepare_upstream_body(ctx, target))
 
-        return await self.parts.retrier.call(ctx, self.failover_targets(ctx), policy.policy.defaults.retry, covered)
+        targets = self.failover_targets(first or ctx.targets[0])
+        return await self.parts.retrier.call(ctx, targets, policy.policy.defaults.retry, covered)
 
     async def call(self, ctx: RequestContext) -> JsonReply:
         async def send(target: ModelTarget, payload: bytes) -> tuple[dict[str, Any], bytes]:
@@ -226,6 +237,38 @@ class Pipeline:
             if task is not None:
                 headers["x-gateway-task-spent-usd"] = usd(await self.accounting.tasks.spent_pico(task))
         return JsonReply(200, raw, headers)
+
+    def checked_route(self, ctx: RequestContext) -> Route | None:
+        """The route, when this request's answer is to be checked before it is returned."""
+        route = self.policies.current.policy.routes.get(ctx.route) if ctx.route else None
+        if route is None or not route.escalate_when or ctx.endpoint != "chat.completions":
+            return None
+        return route if not ctx.stream or route.streaming == "buffer" else None
+
+    async def call_route(self, ctx: RequestContext, route: Route, headers: Mapping[str, str]) -> JsonReply | StreamReply:
+        """A route with checks: verify each answer, escalate on failure, answer with the
+        first that passes (or the best the budget allowed)."""
+        ctx.buffered = ctx.stream
+
+        async def attempt_on(target: ModelTarget) -> tuple[dict[str, Any], bytes]:
+            async def send(t: ModelTarget, payload: bytes) -> tuple[dict[str, Any], bytes]:
+                return await forward.send_once(ctx, self.parts.upstreams.get(t.upstream), t, payload)
+
+            return await self.attempt(ctx, send, first=target)
+
+        result = await run_chain(ctx, ctx.targets, checks_for(route), self.parts.verifier, headers, attempt_on)
+        for reason in result.reasons:
+            for signal in reason.split(", "):
+                self.parts.metrics.escalations.labels(ctx.route or "", signal).inc()
+        await self.finish(ctx, 200)
+        out = self.response_headers(ctx)
+        out["x-gateway-cost-usd"] = usd(ctx.cost_pico)
+        out["x-gateway-escalations"] = str(len(result.reasons))
+        if result.stopped:
+            out["x-gateway-escalation-stopped"] = result.stopped
+        if not ctx.stream:
+            return JsonReply(200, result.raw, out)
+        return StreamReply(_replay(stream_from_completion(result.body, include_usage=ctx.client_wants_usage)), out)
 
     async def call_streaming(self, ctx: RequestContext) -> StreamReply:
         async def send(target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:

@@ -134,9 +134,38 @@ class RouteMatch(Strict):
     max_prompt_tokens: Annotated[int, Field(ge=0)] | None = None
 
 
+SimpleSignal = Literal["invalid_json", "schema_mismatch", "truncated", "invalid_tool_call", "empty"]
+
+
+class ClientSignal(Strict):
+    header: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]+$")]
+    below: float | None = Field(default=None, description="escalate when the header's number is below this")
+    equals: str | None = Field(default=None, description="escalate when the header has this value")
+
+    @model_validator(mode="after")
+    def _one_test(self) -> ClientSignal:
+        if (self.below is None) == (self.equals is None):
+            raise ValueError("give exactly one of `below` or `equals`")
+        return self
+
+
+class MissingFields(Strict):
+    missing_fields: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+
+
+class ClientSignalRule(Strict):
+    client_signal: ClientSignal
+
+
+EscalationSignal = SimpleSignal | MissingFields | ClientSignalRule
+
+
 class Route(Strict):
     match: RouteMatch | None = None
     chain: list[Name] = Field(min_length=1, description="models, cheapest first")
+    escalate_when: list[EscalationSignal] = Field(default_factory=list, description="verifiable signals that move to the next model")
+    streaming: Literal["buffer", "no_escalation"] = Field(
+        default="buffer", description="with checks: buffer a streamed answer until it passes, or stream the first model's answer unchecked")
 
 
 class Retry(Strict):

@@ -28,6 +28,7 @@ class Metrics:
         self.cache = Counter("gateway_response_cache", "Response cache outcomes", ["tenant", "result"], registry=r)
         self.volatile_prefix = Counter("gateway_prompt_prefix_volatile", "Prompts whose prefix holds volatile content",
                                        ["tenant", "kind"], registry=r)
+        self.escalations = Counter("gateway_escalations", "Route escalations by verifiable reason", ["route", "reason"], registry=r)
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served", registry=r)
 
     def render(self) -> bytes:
