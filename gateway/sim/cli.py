@@ -41,10 +41,20 @@ def _run_hosted(args: argparse.Namespace) -> int:
         malformed_rate=args.malformed_rate,
         prompt_caching=not args.no_prompt_caching,
         embedding_dims=args.embedding_dims,
+        quality=dict(args.quality_profile or []),
     )
     if args.model:
         config.models = list(args.model)
     return _serve("hosted simulator", create_hosted_app(config), args)
+
+
+def _quality_profile(text: str) -> tuple[str, Any]:
+    from gateway.sim.quality import parse_profile
+
+    try:
+        return parse_profile(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _run_vllm(args: argparse.Namespace) -> int:
@@ -103,6 +113,9 @@ def add_sim_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     hosted.add_argument("--malformed-rate", type=float, default=0.0)
     hosted.add_argument("--no-prompt-caching", action="store_true")
     hosted.add_argument("--embedding-dims", type=int, default=64)
+    hosted.add_argument("--quality-profile", action="append", type=_quality_profile, metavar="MODEL=FAIL,SILENT",
+                        help="share of prompts MODEL answers failing a verifiable check / silently wrong (repeat);"
+                             " truth at GET /sim/truth/{response id}")
     hosted.set_defaults(func=_run_hosted)
 
     vllm = kinds.add_parser("vllm", help="vLLM OpenAI-compatible server with prefix caching and metrics")

@@ -2,7 +2,8 @@
 
 Routes: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 the organization usage and costs reports, and `/sim/*` controls for tests
-(stats, runtime config, reset, usage inject/omit).
+(stats, runtime config, reset, usage inject/omit, and each chat answer's truth
+under its quality profile: `GET /sim/truth/{response id}`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class HostedSimulator:
             await handler(request, receive, send)
         elif request.method == "GET" and request.path.startswith("/v1/models/"):
             await self._model(request, receive, send)
+        elif request.method == "GET" and request.path.startswith("/sim/truth/"):
+            await self._truth(request, receive, send)
         else:
             message = f"Invalid URL ({request.method} {request.path})"
             await send_json(send, 404, openai_error(message, "invalid_request_error"))
@@ -104,6 +107,15 @@ class HostedSimulator:
             await send_json(send, 400, openai_error(error.message, "invalid_request_error", error.param))
             return
         await send_json(send, 200, page)
+
+    async def _truth(self, request: HttpRequest, receive: Receive, send: Send) -> None:
+        response_id = request.path.removeprefix("/sim/truth/")
+        truth = self.state.truth.lookup(response_id)
+        if truth is None:
+            message = f"No chat response with id {response_id!r} (unknown, or evicted from the last {len(self.state.truth)})."
+            await send_json(send, 404, openai_error(message, "invalid_request_error", "id"))
+            return
+        await send_json(send, 200, truth)
 
     async def _stats(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         snapshot = self.stats.snapshot()

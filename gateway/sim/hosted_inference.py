@@ -37,7 +37,6 @@ from gateway.sim.generation import (
     completion_prompts,
     int_field,
     output_bound,
-    plan_chat,
     plan_completion,
 )
 from gateway.sim.hosted_cache import MIN_CACHED_TOKENS
@@ -52,6 +51,7 @@ from gateway.sim.hosted_faults import (
 )
 from gateway.sim.hosted_state import HostedState
 from gateway.sim.prompts import render_chat, token_ids
+from gateway.sim.quality import Truth, plan_chat_with_quality
 from gateway.sim.ratelimit import retry_after_headers
 from gateway.sim.shapes import (
     Dialect,
@@ -169,6 +169,7 @@ class Answer:
     plans: list[ChoicePlan]
     prompt_tokens: int
     cache_sources: Callable[[], list[list[int]]]
+    truth: Truth | None = None  # chat: kept under the response id for GET /sim/truth/{id}
 
     @property
     def completion_tokens(self) -> int:
@@ -192,9 +193,12 @@ def _usage(answer: Answer, cached: int, completion: int) -> dict[str, Any]:
     return usage
 
 
-def _header(state: HostedState, call: Call, kind: str) -> dict[str, Any]:
+def _header(state: HostedState, call: Call, answer: Answer) -> dict[str, Any]:
+    kind = answer.kind
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
     header: dict[str, Any] = {"id": prefix + state.new_hex(12), "created": int(time.time()), "model": call.model}
+    if answer.truth is not None:
+        state.truth.record(header["id"], call.model, answer.truth)
     if kind == "chat":
         tier = call.body.get("service_tier")
         header["service_tier"] = tier if isinstance(tier, str) and tier != "auto" else "default"
@@ -234,7 +238,7 @@ async def _answer(state: HostedState, call: Call, answer: Answer, receive: Recei
         else:
             usage = _usage(answer, cached, answer.completion_tokens)
             build = chat_completion if answer.kind == "chat" else text_completion
-            await reply(state, send, 200, build(_header(state, call, answer.kind), answer.plans, usage, DIALECT), call.headers)
+            await reply(state, send, 200, build(_header(state, call, answer), answer.plans, usage, DIALECT), call.headers)
         _bill(state, call, answer, cached, answer.completion_tokens)
     finally:
         if watch is not None:
@@ -249,7 +253,7 @@ async def _stream(
     state: HostedState, call: Call, answer: Answer, cached: int, cut: bool, watch: DisconnectWatch | None, send: Send
 ) -> None:
     include_usage = _include_usage(call.body)
-    header = _header(state, call, answer.kind)
+    header = _header(state, call, answer)
     if include_usage:
         header["usage"] = None  # OpenAI sends an explicit null on every chunk before the usage chunk
     steps: Iterator[StreamStep] = (
@@ -297,7 +301,8 @@ async def chat(state: HostedState, request: HttpRequest, receive: Receive, send:
         return
     try:
         _check_stream_options(call.body)
-        plans = plan_chat(call.body, _settings(state, call.model))
+        profile = state.config.quality.get(call.model)
+        plans, truth = plan_chat_with_quality(call.body, _settings(state, call.model), call.model, profile)
     except SimRequestError as error:
         await _bad_request(state, send, call, error)
         return
@@ -308,6 +313,7 @@ async def chat(state: HostedState, request: HttpRequest, receive: Receive, send:
         plans,
         count_chat_tokens(messages, encoding),
         lambda: [token_ids(render_chat(messages, tools), encoding)],
+        truth,
     )
     await _answer(state, call, answer, receive, send)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.sim.hosted_cache import HostedPromptCache
 from gateway.sim.hosted_faults import FaultRates
+from gateway.sim.quality import QualityProfile, TruthLog
 from gateway.sim.ratelimit import RateLimiter
 from gateway.sim.usage_report import ModelPrice, UsageLedger, UsageRecord, default_prices
 
@@ -38,10 +39,13 @@ class HostedSimConfig:
     require_auth: bool = False
     embedding_dims: int = 64
     prices: dict[str, ModelPrice] = field(default_factory=default_prices)
+    # Model -> share of prompts it answers wrong (gateway.sim.quality); none: always right.
+    quality: dict[str, QualityProfile] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["prices"] = {model: price._asdict() for model, price in self.prices.items()}
+        out["quality"] = {model: profile._asdict() for model, profile in self.quality.items()}
         return out
 
     def fault_rates(self) -> FaultRates:
@@ -78,6 +82,7 @@ class HostedState:
     usage: UsageLedger = field(default_factory=UsageLedger)
     prompt_cache: HostedPromptCache = field(default_factory=HostedPromptCache)
     rate_limiter: RateLimiter = field(default_factory=RateLimiter)
+    truth: TruthLog = field(default_factory=TruthLog)  # chat response id -> was the answer right
     counter: int = 0  # inference requests seen; drives deterministic fault draws
     # Ids come from system entropy, not the seed: a restarted simulator must not repeat
     # request ids a gateway ledger has already stored.
@@ -101,4 +106,5 @@ class HostedState:
         self.usage.clear()
         self.prompt_cache.clear()
         self.rate_limiter.reset()
+        self.truth.clear()
         self.counter = 0
