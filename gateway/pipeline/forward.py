@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
-import httpx
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
-from gateway.upstreams.base import Upstream, UpstreamStream
+from gateway.upstreams.base import StreamBroken, Upstream, UpstreamStream
 from gateway.upstreams.sse import SseRelay
 from gateway.upstreams.translate import error_from_reply, limit_headers
 
@@ -148,8 +147,8 @@ async def relay_stream(
                 _fail(attempt, UpstreamTimeout("the request deadline passed mid-stream"))
                 yield error_event("the request deadline passed while the answer was streaming", "upstream_timeout")
                 return
-            except httpx.HTTPError as exc:
-                _fail(attempt, UpstreamError(f"the upstream stream broke: {type(exc).__name__}"), status="cut")
+            except StreamBroken as exc:
+                _fail(attempt, UpstreamError(f"the upstream stream broke: {exc}"), status="cut")
                 yield error_event("the upstream connection broke before the answer was complete", "upstream_stream_cut")
                 return
             out = relay.feed(chunk)

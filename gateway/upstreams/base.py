@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class StreamBroken(Exception):
+    """The upstream's connection failed mid-stream (reset, truncated body, read timeout)."""
+
+
 @dataclass(slots=True)
 class UpstreamReply:
     status: int
