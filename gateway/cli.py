@@ -33,6 +33,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=False,
         log_level=args.log_level,
         timeout_graceful_shutdown=10,
+        # Clients pool connections; closing idle ones sooner than they expect races
+        # with their next request (75 s, as common proxies do).
+        timeout_keep_alive=75,
     )
     return 0
 

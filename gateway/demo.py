@@ -81,7 +81,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     def server(app: object, port: int) -> uvicorn.Server:
         config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",  # type: ignore[arg-type]
-                                access_log=False, log_level="warning")
+                                access_log=False, log_level="warning", timeout_keep_alive=75)
         return uvicorn.Server(config)
 
     servers = [

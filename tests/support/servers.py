@@ -41,6 +41,9 @@ def run_asgi_in_thread(app: Any) -> Iterator[str]:
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=2,
+        # Longer than client pools keep idle connections, so a loaded test machine does
+        # not close a connection just as a client reuses it.
+        timeout_keep_alive=30,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"asgi-{port}")
