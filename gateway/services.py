@@ -37,6 +37,7 @@ from gateway.pipeline.runner import Pipeline, PipelineParts
 from gateway.pipeline.tool_calls import ToolRunner
 from gateway.routing.reload import PolicyHolder
 from gateway.settings import Settings
+from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.health import UpstreamHealth
 from gateway.upstreams.registry import UpstreamRegistry
@@ -96,7 +97,7 @@ class Services:
         store: CacheStore = (RedisStore(redis, prefix) if redis is not None
                              else MemoryStore(policies.current.policy.defaults.response_cache_max_bytes))
         pipeline = Pipeline(PipelineParts(policies, upstreams, metrics, salts, accounting, retrier, admission,
-                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier()))
+                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier(), IdSource()))
         tools = ToolRunner(policies, ToolClient(), ToolCache(store, secret), accounting)
         return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, redis)
 

@@ -115,7 +115,7 @@ class Accounting:
             request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=target.name,
             upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=tokens,
             prompt_tokens_est=ctx.prompt_tokens_estimate, now=now,
-            expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s),
+            expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s), sequence=len(ctx.holds),
         )
         return await self.ledger.reserve(request, ctx.claims)
 

@@ -11,7 +11,6 @@ Group commit (see writer.py) keeps that from costing a lone fsync per request.
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -77,6 +76,7 @@ class HoldRequest:
     prompt_tokens_est: int
     expires_at: datetime
     now: datetime
+    sequence: int = 0
 
 
 class _Refused(Exception):
@@ -90,7 +90,8 @@ class Ledger:
 
     async def reserve(self, request: HoldRequest, claims: list[BudgetClaim]) -> Hold:
         """Durably hold the worst-case cost against every claim, or refuse."""
-        hold_id = "rsv_" + secrets.token_hex(10)
+        # One request may hold more than once (a retry or an escalation): number them.
+        hold_id = f"rsv_{request.request_id.removeprefix('req_')}_{request.sequence}"
 
         def op(conn: Connection) -> Hold:
             for claim in claims:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from math import ceil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,8 +92,22 @@ class PriceQuote:
         )
 
 
-def _pico(*terms: tuple[int, Decimal]) -> Fraction:
-    return sum((Fraction(tokens) * Fraction(rate) * PICO_PER_TOKEN_AT_ONE_USD for tokens, rate in terms), Fraction(0))
+def _pico(*terms: tuple[int, Decimal]) -> Fraction | int:
+    # Fast path, exact: a rate with at most six decimals is a whole number of
+    # pico-dollars per token, so integer arithmetic suffices.
+    total = 0
+    for tokens, rate in terms:
+        per_token = _whole_pico_per_token(rate)
+        if per_token is None:
+            return sum((Fraction(t) * Fraction(r) * PICO_PER_TOKEN_AT_ONE_USD for t, r in terms), Fraction(0))
+        total += tokens * per_token
+    return total
+
+
+@lru_cache(maxsize=4096)
+def _whole_pico_per_token(rate: Decimal) -> int | None:
+    scaled = rate * PICO_PER_TOKEN_AT_ONE_USD
+    return int(scaled) if scaled == scaled.to_integral_value() else None
 
 
 class PriceCatalog:

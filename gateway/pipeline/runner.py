@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -32,6 +31,7 @@ from gateway.pipeline.retry import Retrier
 from gateway.routing.policy import Route
 from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest
+from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.base import UpstreamStream
 from gateway.upstreams.registry import UpstreamRegistry
@@ -56,10 +56,6 @@ class StreamReply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def new_request_id() -> str:
-    return "req_" + secrets.token_hex(12)
-
-
 @dataclass(frozen=True, slots=True)
 class PipelineParts:
     """Everything the stages use, built once in the app's lifespan."""
@@ -75,6 +71,7 @@ class PipelineParts:
     hygiene: PrefixHygiene
     volatility: VolatilityDetector
     verifier: Verifier
+    ids: IdSource
 
 
 class Pipeline:
@@ -84,7 +81,7 @@ class Pipeline:
         self.accounting = parts.accounting
 
     async def run(self, endpoint: str, raw_body: bytes, headers: Mapping[str, str]) -> JsonReply | StreamReply:
-        ctx = RequestContext(request_id=new_request_id(), endpoint=endpoint, path=UPSTREAM_PATHS[endpoint])
+        ctx = RequestContext(request_id=self.parts.ids.next(), endpoint=endpoint, path=UPSTREAM_PATHS[endpoint])
         p = self.parts
         try:
             self.authenticate(ctx, headers)
