@@ -165,3 +165,28 @@ def cut_connection() -> StreamCut:
     if not any(isinstance(f, _HideStreamCuts) for f in logger.filters):
         logger.addFilter(_HideStreamCuts())
     return StreamCut("simulated connection cut")
+
+
+Handler = Callable[[HttpRequest, Receive, Send], Awaitable[None]]
+
+
+class RoutedApp:
+    """An ASGI app dispatching on (method, path) to `_routes`; `unrouted` answers the rest."""
+
+    _routes: dict[tuple[str, str], Handler]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await handle_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        request = await read_request(scope, receive)
+        handler = self._routes.get((request.method, request.path))
+        if handler is None:
+            await self.unrouted(request, receive, send)
+            return
+        await handler(request, receive, send)
+
+    async def unrouted(self, request: HttpRequest, receive: Receive, send: Send) -> None:
+        await send_json(send, 404, {"detail": "Not Found"})

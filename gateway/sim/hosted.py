@@ -9,12 +9,11 @@ under its quality profile: `GET /sim/truth/{response id}`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 from gateway.sim import hosted_inference
-from gateway.sim.asgi import HttpRequest, Receive, Scope, Send, handle_lifespan, read_request, send_json
+from gateway.sim.asgi import Handler, HttpRequest, Receive, RoutedApp, Send, send_json
 from gateway.sim.generation import SimRequestError
 from gateway.sim.hosted_faults import openai_error
 from gateway.sim.hosted_state import HostedSimConfig, HostedSimStats, HostedState
@@ -23,11 +22,10 @@ from gateway.sim.usage_report import UsageLedger, costs_page, injected_record, u
 
 __all__ = ["HostedSimConfig", "HostedSimStats", "HostedSimulator", "create_hosted_app"]
 
-Handler = Callable[[HttpRequest, Receive, Send], Awaitable[None]]
 MODEL_CREATED = 1_700_000_000
 
 
-class HostedSimulator:
+class HostedSimulator(RoutedApp):
     """ASGI app; `config` may be changed in place (or via `POST /sim/config`) while serving."""
 
     def __init__(self, config: HostedSimConfig) -> None:
@@ -61,17 +59,8 @@ class HostedSimulator:
     def usage(self) -> UsageLedger:
         return self.state.usage
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await handle_lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        request = await read_request(scope, receive)
-        handler = self._routes.get((request.method, request.path))
-        if handler is not None:
-            await handler(request, receive, send)
-        elif request.method == "GET" and request.path.startswith("/v1/models/"):
+    async def unrouted(self, request: HttpRequest, receive: Receive, send: Send) -> None:
+        if request.method == "GET" and request.path.startswith("/v1/models/"):
             await self._model(request, receive, send)
         elif request.method == "GET" and request.path.startswith("/sim/truth/"):
             await self._truth(request, receive, send)

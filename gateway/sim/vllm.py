@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -19,13 +19,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.sim.asgi import (
     SSE_DONE,
+    Handler,
     HttpRequest,
     Receive,
-    Scope,
+    RoutedApp,
     Send,
     end_body,
-    handle_lifespan,
-    read_request,
     send_bytes,
     send_json,
     send_sse_chunk,
@@ -57,7 +56,6 @@ from gateway.sim.vllm_engine import EngineRequest, VllmEngine, VllmSimConfig, Vl
 
 __all__ = ["VllmSimConfig", "VllmSimStats", "VllmSimulator", "create_vllm_app"]
 
-Handler = Callable[[HttpRequest, Receive, Send], Awaitable[None]]
 DIALECT = Dialect(
     message_extras=MappingProxyType({
         "refusal": None,
@@ -76,7 +74,7 @@ def vllm_error(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "InternalServerError"), "param": None, "code": status}}
 
 
-class VllmSimulator:
+class VllmSimulator(RoutedApp):
     """ASGI app; `config` may be changed in place (or via `POST /sim/config`) while serving."""
 
     def __init__(self, config: VllmSimConfig) -> None:
@@ -103,19 +101,6 @@ class VllmSimulator:
     @property
     def stats(self) -> VllmSimStats:
         return self.engine.stats
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await handle_lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        request = await read_request(scope, receive)
-        handler = self._routes.get((request.method, request.path))
-        if handler is None:
-            await send_json(send, 404, {"detail": "Not Found"})
-            return
-        await handler(request, receive, send)
 
     # -- inference -------------------------------------------------------------------
 
