@@ -23,6 +23,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from gateway.routing.policy import Name, Strict, Usd
+from gateway.yaml_lines import Loc, dotted, walk
 
 TOKENS_PER_PRICE_UNIT = 1_000_000
 SECONDS_PER_HOUR = 3600
@@ -31,7 +32,6 @@ SECONDS_PER_HOUR = 3600
 RATE_PLACES = 9
 LITELLM_SAMPLE_ENTRY = "sample_spec"
 
-Loc = tuple[str | int, ...]
 PositiveCount = Annotated[int, Field(ge=1)]
 
 
@@ -217,7 +217,7 @@ def _load_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
         if root is None:
             raise PricingInvalid([f"{source}:1: the pricing file is empty"])
         lines: dict[Loc, int] = {}
-        duplicates = [f"{source}:{line}: {_dotted(loc)}: {msg}" for loc, line, msg in _walk(root, (), lines)]
+        duplicates = [f"{source}:{line}: {dotted(loc)}: {msg}" for loc, line, msg in walk(root, (), lines)]
         if duplicates:
             raise PricingInvalid(duplicates)
         return loader.construct_document(root), lines
@@ -229,22 +229,6 @@ def _load_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
         loader.dispose()  # type: ignore[no-untyped-call]
 
 
-def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> Iterator[tuple[Loc, int, str]]:
-    lines[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        first_seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            key, line = str(key_node.value), key_node.start_mark.line + 1
-            if key in first_seen:
-                # PyYAML would silently keep the last one: a price typed twice is a review miss.
-                yield (*loc, key), line, f"duplicate key `{key}` (first defined at line {first_seen[key]})"
-                continue
-            first_seen[key] = line
-            yield from _walk(value_node, (*loc, key), lines)
-            lines[(*loc, key)] = line
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            yield from _walk(item, (*loc, i), lines)
 
 
 def _entry_problem(source: str, data: Any, lines: dict[Loc, int], loc: Loc, message: str) -> str:
@@ -257,21 +241,15 @@ def _entry_problem(source: str, data: Any, lines: dict[Loc, int], loc: Loc, mess
         entry = data["entries"][loc[1]]
         model = entry.get("model") if isinstance(entry, dict) else None
         named = f"entries[{loc[1]}] (model {model})" if model else f"entries[{loc[1]}]"
-        rest = _dotted(loc[2:])
+        rest = dotted(loc[2:])
         return f"{where}: {named}: {rest}: {message}" if rest else f"{where}: {named}: {message}"
-    return f"{where}: {_dotted(loc)}: {message}" if loc else f"{where}: {message}"
+    return f"{where}: {dotted(loc)}: {message}" if loc else f"{where}: {message}"
 
 
 def _message(error: Any) -> str:
     friendly = {"extra_forbidden": "unknown key", "missing": "required key is missing"}
     return friendly.get(error["type"]) or str(error["msg"]).removeprefix("Value error, ")
 
-
-def _dotted(loc: Loc) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 # ---- litellm's price map, read as data ----------------------------------------------

@@ -18,11 +18,11 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.routing.policy import Policy
+from gateway.yaml_lines import Loc, dotted, walk
 
 if TYPE_CHECKING:
     from gateway.accounting.prices import PriceCatalog
 
-Loc = tuple[str | int, ...]
 
 FRIENDLY = {
     "extra_forbidden": "unknown key",
@@ -68,7 +68,7 @@ def parse_policy(text: str, source: str = "<policy>", catalog: PriceCatalog | No
     if root is None:
         raise PolicyInvalid([PolicyProblem(source, 1, "", "the policy file is empty")])
     lines: dict[Loc, int] = {}
-    problems = [PolicyProblem(source, line, _dotted(loc), msg) for loc, line, msg in _walk(root, (), lines)]
+    problems = [PolicyProblem(source, line, dotted(loc), msg) for loc, line, msg in walk(root, (), lines)]
     if problems:
         raise PolicyInvalid(problems)
     data = yaml.safe_load(text)
@@ -115,22 +115,6 @@ def cross_reference_problems(policy: Policy) -> Iterator[tuple[Loc, str]]:
             seen.setdefault(digest, name)
 
 
-def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> Iterator[tuple[Loc, int, str]]:
-    lines[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        first_seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            line = key_node.start_mark.line + 1
-            if key in first_seen:
-                yield (*loc, key), line, f"duplicate key `{key}` (first defined at line {first_seen[key]})"
-                continue
-            first_seen[key] = line
-            yield from _walk(value_node, (*loc, key), lines)
-            lines[(*loc, key)] = line
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            yield from _walk(item, (*loc, i), lines)
 
 
 def _message(error: Any) -> str:
@@ -145,16 +129,10 @@ def _problem(source: str, lines: dict[Loc, int], loc: Loc, message: str) -> Poli
     probe = loc
     while probe and probe not in lines:
         probe = probe[:-1]
-    return PolicyProblem(source, lines.get(probe), _dotted(loc), message)
+    return PolicyProblem(source, lines.get(probe), dotted(loc), message)
 
 
 def _strip_union_tags(loc: Loc) -> Loc:
     # pydantic adds the union member's type name (e.g. "function-after[...]", "int") to locs.
     return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and p not in {"str", "int", "list[str]"}))
 
-
-def _dotted(loc: Loc) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
