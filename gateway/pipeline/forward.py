@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
@@ -19,6 +19,7 @@ from gateway.upstreams.base import StreamBroken, Upstream, UpstreamStream
 from gateway.upstreams.sse import SseRelay
 from gateway.upstreams.translate import error_from_reply, limit_headers
 
+T = TypeVar("T")
 MAX_ERROR_BODY = 64 * 1024
 MAX_KEPT_BYTES = 4 * 1024 * 1024
 
@@ -46,26 +47,36 @@ def _fail(attempt: Attempt, error: GatewayError, status: str = "error") -> Gatew
     return error
 
 
-async def send_once(
-    ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes
-) -> tuple[dict[str, Any], bytes]:
-    """Returns the parsed upstream body and its raw bytes (passed to the client as-is)."""
-    attempt = _new_attempt(ctx, target)
+async def _within_deadline(ctx: RequestContext, attempt: Attempt, upstream: Upstream, what: str,
+                           call: Callable[[float], Awaitable[T]]) -> T:
+    """Run one upstream call bounded by the request's deadline, recording how it failed."""
     try:
         timeout = remaining_s(ctx)
         async with asyncio.timeout(timeout):
-            reply = await upstream.send(ctx.path, payload, timeout)
+            return await call(timeout)
     except TimeoutError:
-        raise _fail(attempt, UpstreamTimeout(f"upstream `{upstream.name}` did not answer before the request deadline")) from None
+        raise _fail(attempt, UpstreamTimeout(f"upstream `{upstream.name}` did not {what} before the request deadline")) from None
     except GatewayError as exc:
         raise _fail(attempt, exc) from None
     except asyncio.CancelledError:
         _fail(attempt, UpstreamError("the client went away"), status="cancelled")
         raise
-    attempt.http_status = reply.status
-    attempt.replica = reply.replica
-    attempt.provider_request_id = reply.headers.get("x-request-id")
-    attempt.limit_headers = limit_headers(reply.headers)
+
+
+def _note_reply(attempt: Attempt, status: int, replica: str, headers: dict[str, str]) -> None:
+    attempt.http_status = status
+    attempt.replica = replica
+    attempt.provider_request_id = headers.get("x-request-id")
+    attempt.limit_headers = limit_headers(headers)
+
+
+async def send_once(
+    ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes
+) -> tuple[dict[str, Any], bytes]:
+    """Returns the parsed upstream body and its raw bytes (passed to the client as-is)."""
+    attempt = _new_attempt(ctx, target)
+    reply = await _within_deadline(ctx, attempt, upstream, "answer", lambda t: upstream.send(ctx.path, payload, t))
+    _note_reply(attempt, reply.status, reply.replica, reply.headers)
     attempt.timeline.mark("end")
     if reply.status != 200:
         raise _fail(attempt, error_from_reply(upstream.name, reply.status, reply.headers, reply.body, upstream.secrets))
@@ -84,18 +95,8 @@ async def send_once(
 
 async def open_stream(ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:
     attempt = _new_attempt(ctx, target)
-    try:
-        timeout = remaining_s(ctx)
-        async with asyncio.timeout(timeout):
-            stream = await upstream.open_stream(ctx.path, payload, timeout)
-    except TimeoutError:
-        raise _fail(attempt, UpstreamTimeout(f"upstream `{upstream.name}` did not start answering before the request deadline")) from None
-    except GatewayError as exc:
-        raise _fail(attempt, exc) from None
-    attempt.http_status = stream.status
-    attempt.replica = stream.replica
-    attempt.provider_request_id = stream.headers.get("x-request-id")
-    attempt.limit_headers = limit_headers(stream.headers)
+    stream = await _within_deadline(ctx, attempt, upstream, "start answering", lambda t: upstream.open_stream(ctx.path, payload, t))
+    _note_reply(attempt, stream.status, stream.replica, stream.headers)
     if stream.status != 200:
         try:
             body = await _read_bounded(stream)
