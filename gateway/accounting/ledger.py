@@ -17,15 +17,16 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from gateway.accounting.native import Native, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.errors import BudgetExceeded
 
-ENSURE_BUDGET = text(
+ENSURE_BUDGET = (
     "INSERT INTO budgets (id, scope, period_start, limit_pico, reserved_pico, spent_pico, calls_used, tokens_reserved, tokens_used)"
     " VALUES (:id, :scope, :period_start, :limit, 0, 0, 0, 0, 0) ON CONFLICT (id) DO NOTHING"
 )
-HOLD = text(
+HOLD = (
     "UPDATE budgets SET reserved_pico = reserved_pico + :amount, calls_used = calls_used + 1,"
     " tokens_reserved = tokens_reserved + :tokens, limit_pico = COALESCE(:limit, limit_pico)"
     " WHERE id = :id"
@@ -33,13 +34,20 @@ HOLD = text(
     " AND (calls_limit IS NULL OR calls_used + 1 <= calls_limit)"
     " AND (tokens_limit IS NULL OR tokens_used + tokens_reserved + :tokens <= tokens_limit)"
 )
-END_RESERVATION = text(
+END_RESERVATION = (
     "UPDATE reservations SET state = :state, settled_pico = :charged, ended_at = :now WHERE id = :id AND state = 'reserved'"
 )
-MOVE_TO_SPENT = text(
+MOVE_TO_SPENT = (
     "UPDATE budgets SET reserved_pico = reserved_pico - :amount, spent_pico = spent_pico + :charged,"
     " tokens_reserved = tokens_reserved - :tokens, tokens_used = tokens_used + :used WHERE id = :id"
 )
+
+
+INSERT_RESERVATION = insert_sql("reservations", [c.name for c in Reservation.__table__.columns])  # type: ignore[attr-defined]
+EVENT_COLUMNS = [c.name for c in UsageEvent.__table__.columns if c.name != "id"]  # type: ignore[attr-defined]
+INSERT_EVENT = insert_sql("usage_events", EVENT_COLUMNS)
+# Columns an event may leave out (a cache hit has no replica, a tool call no route, ...).
+EVENT_DEFAULTS: dict[str, Any] = {name: None for name in EVENT_COLUMNS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,19 +102,20 @@ class Ledger:
         hold_id = f"rsv_{request.request_id.removeprefix('req_')}_{request.sequence}"
 
         def op(conn: Connection) -> Hold:
+            sql = Native(conn)
             for claim in claims:
-                conn.execute(ENSURE_BUDGET, {"id": claim.budget_id, "scope": claim.scope, "period_start": claim.period_start,
-                                             "limit": claim.limit_pico})
+                sql.execute(ENSURE_BUDGET, {"id": claim.budget_id, "scope": claim.scope, "period_start": claim.period_start,
+                                            "limit": claim.limit_pico})
             for claim in claims:
                 params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
-                if conn.execute(HOLD, params).rowcount != 1:  # type: ignore[attr-defined]
+                if sql.execute(HOLD, params) != 1:
                     raise _refusal(conn, claim)
-            conn.execute(Reservation.__table__.insert(), [dict(  # type: ignore[attr-defined]
+            sql.execute(INSERT_RESERVATION, dict(
                 id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
                 task_id=request.task_id, model=request.model, upstream_model=request.upstream_model, upstream=request.upstream, endpoint=request.endpoint,
                 budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
                 prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
-                expires_at=request.expires_at)])
+                expires_at=request.expires_at, settled_pico=None, ended_at=None))
             return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims))
 
         try:
@@ -121,6 +130,7 @@ class Ledger:
         already ended (e.g. the sweeper expired it first)."""
 
         def op(conn: Connection) -> bool:
+            sql = Native(conn)
             ended = True
             cost, used = charged_pico, tokens_used
             for i, hold in enumerate(holds):
@@ -129,9 +139,9 @@ class Ledger:
                 take = used if last else min(used, hold.tokens)
                 cost, used = cost - charge, used - take
                 state = "settled" if charge else "released"
-                ended &= _end(conn, hold.id, hold.budget_ids, hold.amount_pico, hold.tokens, charge, take, state, now)
+                ended &= _end(sql, hold.id, hold.budget_ids, hold.amount_pico, hold.tokens, charge, take, state, now)
             if events:
-                conn.execute(UsageEvent.__table__.insert(), events)  # type: ignore[attr-defined]
+                sql.executemany(INSERT_EVENT, [{**EVENT_DEFAULTS, **e} for e in events])
             return ended
 
         return await self.writer.run(op)
@@ -150,8 +160,9 @@ class Ledger:
                 "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream_model, upstream, endpoint,"
                 " prompt_tokens_est, created_at FROM reservations WHERE state = 'reserved' AND expires_at < :now"
             ), {"now": now}).all()
+            sql = Native(conn)
             for row in rows:
-                if _end(conn, row.id, tuple(row.budget_ids.split("\n")), row.amount_pico, row.tokens, row.amount_pico, 0, "expired", now):
+                if _end(sql, row.id, tuple(row.budget_ids.split("\n")), row.amount_pico, row.tokens, row.amount_pico, 0, "expired", now):
                     conn.execute(UsageEvent.__table__.insert().values(  # type: ignore[attr-defined]
                         request_id=row.request_id, attempt=0, reservation_id=row.id, tenant=row.tenant, key_id=row.key_id,
                         task_id=row.task_id, kind="model", endpoint=row.endpoint, model=row.model, upstream_model=row.upstream_model, upstream=row.upstream,
@@ -163,12 +174,12 @@ class Ledger:
         return int(await self.writer.run(op))
 
 
-def _end(conn: Connection, hold_id: str, budget_ids: tuple[str, ...], amount: int, tokens: int,
+def _end(sql: Native, hold_id: str, budget_ids: tuple[str, ...], amount: int, tokens: int,
          charged: int, used: int, state: str, now: datetime) -> bool:
-    if conn.execute(END_RESERVATION, {"state": state, "charged": charged, "now": now, "id": hold_id}).rowcount != 1:  # type: ignore[attr-defined]
+    if sql.execute(END_RESERVATION, {"state": state, "charged": charged, "now": now, "id": hold_id}) != 1:
         return False
     for budget_id in budget_ids:
-        conn.execute(MOVE_TO_SPENT, {"id": budget_id, "amount": amount, "charged": charged, "tokens": tokens, "used": used})
+        sql.execute(MOVE_TO_SPENT, {"id": budget_id, "amount": amount, "charged": charged, "tokens": tokens, "used": used})
     return True
 
 
