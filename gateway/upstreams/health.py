@@ -65,10 +65,15 @@ class UpstreamHealth:
             self.learn(upstream, parse_provider_limits(headers))
 
     def learn(self, upstream: str, limits: ProviderLimits) -> None:
-        """Pause sending to an upstream whose own limit says nothing is left."""
-        waits = [reset for remaining, reset in ((limits.requests_remaining, limits.requests_reset_s),
-                                                (limits.tokens_remaining, limits.tokens_reset_s))
-                 if remaining is not None and remaining <= 0 and reset is not None]
+        """Pause sending to an upstream whose own limit says nothing is left - until the
+        next unit is back, not until the whole limit is: OpenAI's reset is the time to
+        refill completely (a minute for an empty per-minute bucket), while one more
+        request fits after reset / limit."""
+        waits = []
+        for remaining, limit, reset in ((limits.requests_remaining, limits.requests_limit, limits.requests_reset_s),
+                                        (limits.tokens_remaining, limits.tokens_limit, limits.tokens_reset_s)):
+            if remaining is not None and remaining <= 0 and reset is not None:
+                waits.append(reset / limit if limit else reset)
         if waits:
             state = self._state(upstream)
             state.paused_until = max(state.paused_until, time.monotonic() + max(waits))

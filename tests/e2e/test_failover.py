@@ -66,3 +66,21 @@ def test_pool_requests_spread_over_replicas(tmp_path: Path) -> None:
                 assert r.status_code == 200
             first: Any = sim_stats(stack.vllm)["requests"]
             assert first >= 3 and second.stats.requests >= 3, (first, second.stats.requests)
+
+
+def test_exhausted_provider_limit_delays_the_next_request_only_until_it_fits(tmp_path: Path) -> None:
+    import time
+
+    from gateway.sim.hosted import HostedSimConfig
+
+    with running_stack(tmp_path, hosted_config=HostedSimConfig(rpm=10)) as stack:
+        took = []
+        for i in range(11):
+            start = time.monotonic()
+            r = httpx.post(f"{stack.gateway}/chat/completions", headers={"authorization": f"Bearer {stack.key}"}, timeout=60,
+                           json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"paced {i}"}]})
+            took.append(time.monotonic() - start)
+            assert r.status_code == 200, r.text
+        # The 11th must wait for one request's worth (60 s / 10), not for the whole minute.
+        assert took[-1] < 20, f"the 11th request waited {took[-1]:.1f}s"
+        assert sim_stats(stack.hosted)["by_status"].get("429", 0) <= 1  # type: ignore[union-attr]
