@@ -20,7 +20,7 @@ import orjson
 from bench.procs import free_port, http_status
 
 BODY = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "hello " * 900}], "max_tokens": 20})
-HEADERS = {"content-type": "application/json"}
+HEADERS: dict[bytes | str, bytes | str] = {"content-type": "application/json"}
 
 
 def cpu_s() -> float:
@@ -47,7 +47,7 @@ async def run(url: str, requests: int, concurrency: int) -> list[dict[str, float
     results = []
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client:
         async def via_httpx() -> int:
-            return (await client.post(url, content=BODY, headers=HEADERS)).status_code
+            return (await client.post(url, content=BODY, headers={"content-type": "application/json"})).status_code
         results.append(await measure("httpx", via_httpx, requests, concurrency))
     async with httpcore.AsyncConnectionPool(max_connections=64) as pool:
         async def via_httpcore() -> int:
@@ -56,7 +56,7 @@ async def run(url: str, requests: int, concurrency: int) -> list[dict[str, float
         results.append(await measure("httpcore", via_httpcore, requests, concurrency))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
         async def via_aiohttp() -> int:
-            async with session.post(url, data=BODY, headers=HEADERS) as response:
+            async with session.post(url, data=BODY, headers={"content-type": "application/json"}) as response:
                 await response.read()
                 return response.status
         results.append(await measure("aiohttp", via_aiohttp, requests, concurrency))

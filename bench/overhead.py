@@ -16,13 +16,10 @@ import asyncio
 import math
 import os
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -33,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 import uvloop
 
 from bench import procs
+from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
 from bench.report import OVERHEAD_COLUMNS, ROOT, RUN_COLUMNS, git_commit, machine_info, markdown_table, write_json
 from bench.stats import RunSamples, added_latency, summarize
@@ -218,15 +216,6 @@ def overhead_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
-@contextmanager
-def workspace() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    try:
-        yield path
-    except BaseException:
-        print(f"logs kept in {path}", file=sys.stderr)
-        raise
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         | {"prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"},
     }
-    with workspace() as workdir, ExitStack() as exits:
+    with workspace("gateway-bench-") as workdir, ExitStack() as exits:
         stack = Stack(args, workdir, exits)
         if stack.pinned:
             os.sched_setaffinity(0, {LOAD_CPU})

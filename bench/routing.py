@@ -20,14 +20,11 @@ import argparse
 import asyncio
 import os
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -40,6 +37,7 @@ import httpx
 import yaml
 
 from bench import procs
+from bench.gwstack import workspace
 from bench.report import ROOT, git_commit, machine_info, markdown_table, write_json
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.verify import Check, Verifier
@@ -286,15 +284,6 @@ def print_report(report: dict[str, Any]) -> None:
               f" cost per success {100 * v['cost_ratio']:.1f} % of it (<= {100 * TARGET_COST_RATIO:.0f} %): {'MET' if v['met'] else 'NOT MET'}")
 
 
-@contextmanager
-def workspace() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gateway-routing-"))
-    try:
-        yield path
-    except BaseException:
-        print(f"logs kept in {path}", file=sys.stderr)
-        raise
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
@@ -325,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                    "kinds": dict(Counter(kind for kind, _ in tasks)),
                    "target": {"success_ratio_min": TARGET_SUCCESS_RATIO, "cost_ratio_max": TARGET_COST_RATIO}},
     }
-    with workspace() as workdir, ExitStack() as exits:
+    with workspace("gateway-routing-") as workdir, ExitStack() as exits:
         stack = Stack(workdir, exits, args.seed)
         escalating = stack.start_gateway()
         report["gateway_policy"] = {"escalate_when_accepted": escalating, "error": stack.policy_error}
