@@ -24,7 +24,7 @@ import orjson
 import yaml
 
 from bench import procs
-from bench.http1 import Http1Connection, OnChunk, build_request, parse_head
+from bench.http1 import Http1Connection, OnChunk, build_request
 from gateway.auth.keys import key_digest, new_api_key
 
 READY_TIMEOUT_S = 60.0
@@ -138,21 +138,6 @@ def get_json(port: int, path: str, headers: dict[str, str] | None = None) -> dic
         conn.close()
 
 
-class HeaderConnection(Http1Connection):
-    """bench.http1's keep-alive connection, but the caller also gets the response headers."""
-
-    async def exchange(self, raw_request: bytes, on_chunk: OnChunk) -> tuple[int, dict[str, str]]:
-        try:
-            reader, writer = await self._connect()
-            writer.write(raw_request)
-            status, headers = parse_head(await reader.readuntil(b"\r\n\r\n"))
-            await self._read_body(reader, headers, on_chunk)
-        except BaseException:
-            self.close()
-            raise
-        if headers.get("connection", "").lower() == "close":
-            self.close()
-        return status, headers
 
 
 class ConnectionPool:
@@ -166,10 +151,10 @@ class ConnectionPool:
     def __init__(self, port: int, max_idle_s: float = 2.0) -> None:
         self.port = port
         self.max_idle_s = max_idle_s
-        self._idle: list[tuple[HeaderConnection, float]] = []
+        self._idle: list[tuple[Http1Connection, float]] = []
         self.opened = 0
 
-    def _acquire(self) -> HeaderConnection:
+    def _acquire(self) -> Http1Connection:
         now = time.monotonic()
         while self._idle:
             conn, since = self._idle.pop()
@@ -177,7 +162,7 @@ class ConnectionPool:
                 return conn
             conn.close()
         self.opened += 1
-        return HeaderConnection("127.0.0.1", self.port)
+        return Http1Connection("127.0.0.1", self.port)
 
     async def post(self, path: str, body: bytes, headers: dict[str, str], on_chunk: OnChunk) -> tuple[int, dict[str, str]]:
         raw = build_request("127.0.0.1", self.port, path, body, headers)

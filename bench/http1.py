@@ -55,8 +55,13 @@ class Http1Connection:
         return self._reader, self._writer
 
     async def request(self, raw_request: bytes, on_chunk: OnChunk) -> int:
-        """Send prebuilt request bytes, feed the body to `on_chunk`, return the status.
-        Any exception leaves the connection closed, to be reopened on the next call."""
+        """Send prebuilt request bytes, feed the body to `on_chunk`, return the status."""
+        status, _ = await self.exchange(raw_request, on_chunk)
+        return status
+
+    async def exchange(self, raw_request: bytes, on_chunk: OnChunk) -> tuple[int, dict[str, str]]:
+        """Like `request`, also returning the response headers. Any exception leaves the
+        connection closed, to be reopened on the next call."""
         try:
             reader, writer = await self._connect()
             writer.write(raw_request)
@@ -67,7 +72,7 @@ class Http1Connection:
             raise
         if headers.get("connection", "").lower() == "close":
             self.close()
-        return status
+        return status, headers
 
     async def _read_body(self, reader: asyncio.StreamReader, headers: dict[str, str], on_chunk: OnChunk) -> None:
         if "chunked" in headers.get("transfer-encoding", "").lower():
