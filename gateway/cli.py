@@ -12,12 +12,19 @@ from gateway.auth.keys import key_digest, new_api_key
 from gateway.routing.loader import PolicyInvalid, load_policy_file
 
 
+def policy_path(args: argparse.Namespace) -> str | None:
+    """--policy, else $GATEWAY_POLICY; None (after saying so) when neither is set."""
+    path: str | None = args.policy or os.environ.get("GATEWAY_POLICY")
+    if not path:
+        print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
+    return path or None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    policy = args.policy or os.environ.get("GATEWAY_POLICY")
-    if not policy:
-        print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
+    policy = policy_path(args)
+    if policy is None:
         return 2
     if check_policy(policy) != 0:
         return 1
@@ -100,9 +107,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     from gateway.accounting.importers import run_reconcile
     from gateway.settings import Settings
 
-    policy = args.policy or os.environ.get("GATEWAY_POLICY")
-    if not policy:
-        print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
+    policy = policy_path(args)
+    if policy is None:
         return 2
     settings = Settings()
     code, text = run_reconcile(policy, args.database_url or settings.effective_database_url(), args.provider,
@@ -120,14 +126,13 @@ def cmd_routes_report(args: argparse.Namespace) -> int:
     from gateway.accounting.route_report import report_text, route_report
     from gateway.settings import Settings
 
-    policy_path = args.policy or os.environ.get("GATEWAY_POLICY")
-    if not policy_path:
-        print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
+    policy = policy_path(args)
+    if policy is None:
         return 2
     settings = Settings()
     engine = make_engine(args.database_url or settings.effective_database_url())
     try:
-        report = route_report(engine, load_policy_file(policy_path), PriceCatalog.load(settings.gateway_pricing_dir),
+        report = route_report(engine, load_policy_file(policy), PriceCatalog.load(settings.gateway_pricing_dir),
                               date.fromisoformat(args.since) if args.since else None)
     finally:
         engine.dispose()
