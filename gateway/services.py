@@ -29,7 +29,7 @@ from gateway.admission.redis_buckets import RedisBuckets
 from gateway.caching.redis_store import RedisStore
 from gateway.caching.response_cache import ResponseCache
 from gateway.caching.salts import TenantSalts, load_or_create_secret
-from gateway.caching.store import CacheStore, MemoryStore
+from gateway.caching.store import CacheStore, MemoryStore, TolerantStore
 from gateway.caching.tool_cache import ToolCache
 from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
 from gateway.pipeline.retry import Retrier
@@ -94,7 +94,7 @@ class Services:
         buckets: Buckets = RedisBuckets(redis, prefix) if redis is not None else InProcessBuckets()
         admission = AdmissionGate(AdmissionQueue(buckets))
         # The in-process cache's size bound is read once, at start-up.
-        store: CacheStore = (RedisStore(redis, prefix) if redis is not None
+        store: CacheStore = (TolerantStore(RedisStore(redis, prefix)) if redis is not None
                              else MemoryStore(policies.current.policy.defaults.response_cache_max_bytes))
         pipeline = Pipeline(PipelineParts(policies, upstreams, metrics, salts, accounting, retrier, admission,
                                           ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier(), IdSource()))
@@ -125,6 +125,7 @@ class Services:
             checks["ledger"] = (True, self.reader.dialect.name)
         except Exception as exc:
             checks["ledger"] = (False, f"{type(exc).__name__}: {exc}"[:300])
+        checks["redis"] = await self._redis_check()
         return checks
 
     async def _redis_check(self) -> tuple[bool, str]:

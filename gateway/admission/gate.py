@@ -4,7 +4,10 @@ usage after the call. Upstream pacing uses the same buckets, scoped to the upstr
 
 from __future__ import annotations
 
+import logging
 import time
+
+from redis.exceptions import RedisError
 
 from gateway.admission.buckets import BucketSpec, TakeResult
 from gateway.admission.limits import (
@@ -19,15 +22,22 @@ from gateway.admission.limits import (
     upstream_specs,
 )
 from gateway.admission.queue import AdmissionQueue, Refused
-from gateway.errors import UpstreamTimeout
+from gateway.errors import NotReady, UpstreamTimeout
 from gateway.pipeline.context import RequestContext
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 
 BATCH = "batch"
+log = logging.getLogger("gateway.admission")
 
 
 def _first(specs: list[BucketSpec], kind: str) -> BucketSpec | None:
     return next((s for s in specs if spec_kind(s) == kind), None)
+
+
+def _store_down(exc: Exception) -> NotReady:
+    # Limits that cannot be checked are not waved through: a replica that admitted
+    # blindly would multiply the limit by the replica count.
+    return NotReady(f"the shared rate-limit store (Redis) is unreachable, so limits cannot be checked: {type(exc).__name__}")
 
 
 class AdmissionGate:
@@ -56,6 +66,8 @@ class AdmissionGate:
         except Refused as refused:
             refused.headers.update(ratelimit_headers(refused.result, _first(own, RPM), _first(own, TPM)))
             raise
+        except RedisError as exc:
+            raise _store_down(exc) from None
         ctx.response_headers.update(ratelimit_headers(result, _first(own, RPM), _first(own, TPM)))
         return Admitted(tokens, [s for s in specs if spec_kind(s) == TPM])
 
@@ -70,7 +82,10 @@ class AdmissionGate:
         delta = admitted.tokens - used
         if delta:
             for spec in admitted.token_specs:
-                await self.queue.adjust(spec, delta)
+                try:
+                    await self.queue.adjust(spec, delta)
+                except RedisError as exc:  # the answer is already out; the estimate stands
+                    log.warning("could not correct %s by %+.0f tokens: %s", spec.key, delta, exc)
 
     async def pace_upstream(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> TakeResult | None:
         """Wait (inside the deadline) for our share of the provider's limits."""
@@ -82,6 +97,8 @@ class AdmissionGate:
         try:
             return await self.queue.admit(f"upstream:{target.upstream}", request_takes(specs, tokens), max_queue=1_000_000,
                                           max_wait_s=max(0.0, ctx.deadline - time.monotonic()), deadline=ctx.deadline)
+        except RedisError as exc:
+            raise _store_down(exc) from None
         except Refused as refused:
             raise UpstreamTimeout(f"upstream `{target.upstream}`'s configured limits leave no room before this request's deadline "
                                   f"(next capacity in {refused.retry_after_s:.1f}s)") from None

@@ -13,11 +13,14 @@ per-key delete because nothing on the request path needs one.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+log = logging.getLogger("gateway.cache")
 
 
 class CacheStore(Protocol):
@@ -131,3 +134,27 @@ class MemoryStore:
         keys.discard(key)
         if not keys:
             del self._by_namespace[namespace]
+
+
+class TolerantStore:
+    """A shared cache that is down costs hits, never answers: errors from the wrapped
+    store are logged and read as misses (get) or skipped (set, delete)."""
+
+    def __init__(self, store: CacheStore) -> None:
+        self._store = store
+
+    async def get(self, namespace: str, key: str) -> bytes | None:
+        try:
+            return await self._store.get(namespace, key)
+        except Exception as exc:
+            log.warning("cache read failed, treating it as a miss: %s", exc)
+            return None
+
+    async def set(self, namespace: str, key: str, value: bytes, ttl_s: float) -> None:
+        try:
+            await self._store.set(namespace, key, value, ttl_s)
+        except Exception as exc:
+            log.warning("cache write failed, answer not cached: %s", exc)
+
+    async def delete_namespace(self, namespace: str) -> int | None:
+        return await self._store.delete_namespace(namespace)  # an operator's explicit request: let it fail loudly
