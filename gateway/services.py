@@ -19,6 +19,7 @@ from gateway.accounting.books import Accounting
 from gateway.accounting.database import make_engine, migrate
 from gateway.accounting.ledger import Ledger
 from gateway.accounting.prices import PriceCatalog
+from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskStore
 from gateway.accounting.tokens import get_encoding
 from gateway.accounting.writer import GroupCommitWriter
@@ -85,7 +86,7 @@ class Services:
         reader = make_engine(url)
         writer = GroupCommitWriter(writer_engine)
         ledger = Ledger(writer)
-        accounting = Accounting(ledger, catalog, TaskStore(writer, reader))
+        accounting = Accounting(ledger, catalog, TaskStore(writer, reader), SettlementSpool(settings.gateway_var_dir))
         secret = load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir)
         salts = TenantSalts(secret)
         redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
@@ -108,6 +109,9 @@ class Services:
         self._tasks.append(loop.create_task(_every(self.settings.gateway_sweep_interval_s, self.sweep)))
 
     async def sweep(self) -> int:
+        replayed = await self.accounting.spool.replay(self.ledger)
+        if replayed:
+            log.warning("booked %d settlements spooled while the ledger was unavailable", replayed)
         expired = await self.ledger.expire_orphans(datetime.now(UTC))
         if expired:
             log.warning("expired %d reservations whose usage was never confirmed", expired)

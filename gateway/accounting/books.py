@@ -3,15 +3,18 @@ budget that applies, and settle each attempt at the price in effect when it ran.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import orjson
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, expiry
 from gateway.accounting.money import pico_from_usd
 from gateway.accounting.prices import PriceCatalog, PriceQuote
+from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskInfo, TaskStore
 from gateway.caching.response_cache import CachedAnswer
 from gateway.errors import GatewayError, NotFound
@@ -20,6 +23,7 @@ from gateway.routing.policy import Budget
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 
 # Attempts that reached the provider but whose usage never arrived may still be billed.
+log = logging.getLogger("gateway.ledger")
 UNCONFIRMED = frozenset({"timeout", "cancelled", "cut", "pending"})
 
 
@@ -37,8 +41,9 @@ class Settlement:
 
 
 class Accounting:
-    def __init__(self, ledger: Ledger, catalog: PriceCatalog, tasks: TaskStore) -> None:
+    def __init__(self, ledger: Ledger, catalog: PriceCatalog, tasks: TaskStore, spool: SettlementSpool) -> None:
         self.ledger = ledger
+        self.spool = spool
         self.catalog = catalog
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
@@ -137,11 +142,13 @@ class Accounting:
             tokens += (usage.prompt_tokens + usage.completion_tokens) if usage is not None else 0
             events.append(_event(ctx, attempt, number, hold, quote, a_cost, a_saved, at))
         now = datetime.now(UTC)
-        if pending:
-            # No refund while usage is unknown: the hold stays until the sweeper ends it.
-            await self.ledger.settle([], 0, 0, events, now)
-        else:
-            await self.ledger.settle(ctx.holds, cost, tokens, events, now)
+        # No refund while usage is unknown: the hold stays until the sweeper ends it.
+        holds, charged, used = ([], 0, 0) if pending else (ctx.holds, cost, tokens)
+        try:
+            await self.ledger.settle(holds, charged, used, events, now)
+        except SQLAlchemyError:
+            log.exception("ledger unavailable; settlement of %s spooled for replay", ctx.request_id)
+            self.spool.write(holds, charged, used, events, now)
         return Settlement(cost, saved, pending)
 
 

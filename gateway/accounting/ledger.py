@@ -16,11 +16,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.native import Native, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
 from gateway.accounting.writer import GroupCommitWriter
-from gateway.errors import BudgetExceeded
+from gateway.errors import BudgetExceeded, NotReady
 
 ENSURE_BUDGET = (
     "INSERT INTO budgets (id, scope, period_start, limit_pico, reserved_pico, spent_pico, calls_used, tokens_reserved, tokens_used)"
@@ -44,6 +45,7 @@ MOVE_TO_SPENT = (
 
 
 INSERT_RESERVATION = insert_sql("reservations", [c.name for c in Reservation.__table__.columns])  # type: ignore[attr-defined]
+BOOKED = "SELECT 1 FROM usage_events WHERE request_id = :r AND attempt = :a AND kind = :k"
 EVENT_COLUMNS = [c.name for c in UsageEvent.__table__.columns if c.name != "id"]  # type: ignore[attr-defined]
 INSERT_EVENT = insert_sql("usage_events", EVENT_COLUMNS)
 # Columns an event may leave out (a cache hit has no replica, a tool call no route, ...).
@@ -122,9 +124,12 @@ class Ledger:
             return await self.writer.run(op, isolated=True)
         except _Refused as refused:
             raise _budget_error(refused, request.amount_pico) from None
+        except SQLAlchemyError as exc:
+            # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
+            raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc).__name__}") from exc
 
     async def settle(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
-                     now: datetime) -> bool:
+                     now: datetime, *, skip_booked: bool = False) -> bool:
         """End the holds - charging `charged_pico` across them in order, releasing the
         rest - and book the events, in one transaction. Returns False if a hold had
         already ended (e.g. the sweeper expired it first)."""
@@ -140,8 +145,11 @@ class Ledger:
                 cost, used = cost - charge, used - take
                 state = "settled" if charge else "released"
                 ended &= _end(sql, hold.id, hold.budget_ids, hold.amount_pico, hold.tokens, charge, take, state, now)
-            if events:
-                sql.executemany(INSERT_EVENT, [{**EVENT_DEFAULTS, **e} for e in events])
+            # A replay skips events an earlier try already committed, so each stays single.
+            events_left = [e for e in events if not (skip_booked and sql.exists(
+                BOOKED, {"r": e["request_id"], "a": e["attempt"], "k": e.get("kind", "model")}))]
+            if events_left:
+                sql.executemany(INSERT_EVENT, [{**EVENT_DEFAULTS, **e} for e in events_left])
             return ended
 
         return await self.writer.run(op)

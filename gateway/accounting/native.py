@@ -44,6 +44,10 @@ class Native:
         self._cursor.execute(self._sql(sql), self._params(params))
         return int(self._cursor.rowcount)
 
+    def exists(self, sql: str, params: Mapping[str, Any]) -> bool:
+        self._cursor.execute(self._sql(sql), self._params(params))
+        return self._cursor.fetchone() is not None
+
     def executemany(self, sql: str, rows: Iterable[Mapping[str, Any]]) -> None:
         self._cursor.executemany(self._sql(sql), [self._params(r) for r in rows])
 

@@ -1,0 +1,73 @@
+"""When the ledger database cannot take a settlement, the settlement is appended to a
+local spool file (fsynced) and replayed once the database is back: an answer the
+client already has is never lost from the books.
+
+Replay is idempotent: events already booked (same request and attempt) are skipped,
+and a hold that has already ended is not charged twice."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gateway.accounting.ledger import Hold, Ledger
+
+log = logging.getLogger("gateway.ledger")
+PATTERN = "ledger-spool-*.jsonl"
+
+
+class SettlementSpool:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / f"ledger-spool-{os.getpid()}.jsonl"
+
+    def write(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]], now: datetime) -> None:
+        record = {
+            "holds": [[h.id, h.amount_pico, h.tokens, list(h.budget_ids)] for h in holds],
+            "charged_pico": charged_pico, "tokens_used": tokens_used, "now": now.isoformat(),
+            "events": [{k: v.isoformat() if isinstance(v, datetime) else v for k, v in e.items()} for e in events],
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as handle:
+            handle.write(orjson.dumps(record) + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def pending(self) -> list[Path]:
+        return sorted(self.directory.glob(PATTERN)) if self.directory.exists() else []
+
+    async def replay(self, ledger: Ledger) -> int:
+        """Book every spooled settlement; returns how many were booked. A file is
+        claimed by renaming it, so replicas sharing the folder never replay it twice."""
+        booked = 0
+        for path in self.pending():
+            claimed = path.with_suffix(f".replaying-{os.getpid()}")
+            try:
+                path.rename(claimed)
+            except OSError:
+                continue  # another process claimed it
+            lines = claimed.read_bytes().splitlines()
+            for i, line in enumerate(lines):
+                try:
+                    await _replay_line(ledger, orjson.loads(line))
+                except Exception:
+                    log.warning("ledger still unavailable; %d spooled settlements wait", len(lines) - i)
+                    with (self.directory / f"ledger-spool-{os.getpid()}.jsonl").open("ab") as handle:
+                        handle.write(b"\n".join(lines[i:]) + b"\n")
+                    claimed.unlink()
+                    return booked
+                booked += 1
+            claimed.unlink()
+        return booked
+
+
+async def _replay_line(ledger: Ledger, record: dict[str, Any]) -> None:
+    holds = [Hold(h[0], h[1], h[2], tuple(h[3])) for h in record["holds"]]
+    events = [{k: datetime.fromisoformat(v) if k == "created_at" else v for k, v in e.items()} for e in record["events"]]
+    await ledger.settle(holds, record["charged_pico"], record["tokens_used"], events,
+                        datetime.fromisoformat(record["now"]), skip_booked=True)
