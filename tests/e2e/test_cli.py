@@ -1,0 +1,55 @@
+"""The CLI commands an operator runs, as they run them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from gateway.cli import main as cli_main
+from tests.support.processes import free_port
+from tests.support.stack import running_stack
+
+
+def test_reconcile_command_reports_against_the_provider(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_stack(tmp_path) as stack:
+        client = openai.OpenAI(base_url=stack.gateway, api_key=stack.key, max_retries=0)
+        client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "bill me"}])
+        code = cli_main(["reconcile", "--provider", "hosted", "--since", datetime.now(UTC).date().isoformat(), "--quiet",
+                         "--policy", str(stack.policy_path), "--database-url", f"sqlite:///{stack.var_dir / 'ledger.db'}"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "gpt-4o-mini" in out and "matched" in out
+
+
+def test_pricing_show_names_the_source(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["pricing", "show", "gpt-4o-mini"]) == 0
+    assert "pricing/overrides.yaml" in capsys.readouterr().out
+    assert cli_main(["pricing", "show", "no-such-model-anywhere"]) == 1
+
+
+@pytest.mark.parametrize("kind,probe", [("hosted", "/v1/models"), ("vllm", "/health")])
+def test_sim_command_serves(kind: str, probe: str) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "sim", kind, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}{probe}", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "the simulator did not start"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(10)
