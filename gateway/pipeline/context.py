@@ -9,7 +9,7 @@ from typing import Any
 from gateway.accounting.ledger import BudgetClaim, Hold
 from gateway.admission.limits import Admitted
 from gateway.caching.response_cache import CachedAnswer, CachePlan
-from gateway.routing.resolved import ModelTarget
+from gateway.routing.resolved import ModelTarget, RuntimePolicy
 from gateway.telemetry.timeline import Timeline
 
 
@@ -64,6 +64,7 @@ class RequestContext:
     request_id: str
     endpoint: str  # chat.completions | completions | embeddings
     path: str  # upstream path, e.g. /chat/completions
+    policy: RuntimePolicy  # the policy this request started with
     timeline: Timeline = field(default_factory=Timeline)
     tenant: str = ""
     key_id: str = ""

@@ -30,7 +30,7 @@ from gateway.pipeline.parse import check_body, estimate_prompt_tokens, output_bo
 from gateway.pipeline.retry import Retrier
 from gateway.routing.policy import Route
 from gateway.routing.reload import PolicyHolder
-from gateway.routing.resolved import ModelTarget, RouteRequest
+from gateway.routing.resolved import ModelTarget, RouteRequest, RuntimePolicy
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.base import UpstreamStream
@@ -81,18 +81,20 @@ class Pipeline:
         self.accounting = parts.accounting
 
     async def run(self, endpoint: str, raw_body: bytes, headers: Mapping[str, str]) -> JsonReply | StreamReply:
-        ctx = RequestContext(request_id=self.parts.ids.next(), endpoint=endpoint, path=UPSTREAM_PATHS[endpoint])
+        # One policy for the whole request, even if a reload swaps it meanwhile.
+        ctx = RequestContext(request_id=self.parts.ids.next(), endpoint=endpoint, path=UPSTREAM_PATHS[endpoint],
+                             policy=self.policies.current)
         p = self.parts
         try:
-            self.authenticate(ctx, headers)
+            self.authenticate(ctx, headers, ctx.policy)
             self.parse_and_estimate(ctx, raw_body, headers)
             task = await self.accounting.task_for(ctx)
             # A cached answer spends nothing upstream, so it needs neither capacity nor a hold.
             cached = await self.serve_from_cache(ctx, headers.get("cache-control", ""))
             if cached is not None:
                 return cached
-            ctx.admitted = await p.admission.admit(ctx, self.policies.current, headers.get("x-priority"))
-            await self.accounting.reserve(ctx, self.policies.current, task)
+            ctx.admitted = await p.admission.admit(ctx, ctx.policy, headers.get("x-priority"))
+            await self.accounting.reserve(ctx, ctx.policy, task)
             route = self.checked_route(ctx)
             if route is not None:
                 return await self.call_route(ctx, route, headers)
@@ -113,22 +115,22 @@ class Pipeline:
 
     # -- stages, in order -------------------------------------------------------------
 
-    def authenticate(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
-        owner = self.identify(headers)
+    def authenticate(self, ctx: RequestContext, headers: Mapping[str, str], policy: RuntimePolicy) -> None:
+        owner = self.identify(headers, policy)
         ctx.tenant, ctx.key_id = owner.tenant, owner.key_id
 
-    def identify(self, headers: Mapping[str, str]) -> KeyOwner:
+    def identify(self, headers: Mapping[str, str], policy: RuntimePolicy | None = None) -> KeyOwner:
         auth = headers.get("authorization", "")
         scheme, _, key = auth.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthenticationFailed("Missing API key: send `Authorization: Bearer <key>`")
-        owner = self.policies.current.keys.lookup(key.strip())
+        owner = (policy or self.policies.current).keys.lookup(key.strip())
         if owner is None:
             raise AuthenticationFailed("Incorrect API key provided")
         return owner
 
     def parse_and_estimate(self, ctx: RequestContext, raw_body: bytes, headers: Mapping[str, str]) -> None:
-        policy = self.policies.current
+        policy = ctx.policy
         limit = policy.policy.defaults.max_body_bytes
         if len(raw_body) > limit:
             raise BodyTooLarge(f"the request body is {len(raw_body)} bytes; the limit is {limit}")
@@ -168,7 +170,7 @@ class Pipeline:
 
     async def serve_from_cache(self, ctx: RequestContext, cache_control: str) -> JsonReply | StreamReply | None:
         cache = self.parts.cache
-        ctx.cache = cache.plan(ctx.endpoint, ctx.tenant, ctx.targets[0], ctx.body, self.policies.current, cache_control)
+        ctx.cache = cache.plan(ctx.endpoint, ctx.tenant, ctx.targets[0], ctx.body, ctx.policy, cache_control)
         answer = await cache.lookup(ctx.cache)
         if answer is None:
             return None
@@ -195,13 +197,12 @@ class Pipeline:
         elif ctx.buffered:  # the gateway checks the whole answer, then replays it as a stream
             body.pop("stream", None)
             body.pop("stream_options", None)
-        policy = self.policies.current
+        policy = ctx.policy
         steer(body, target.upstream_kind, cache_scope(policy, ctx.tenant), self.parts.salts,
               policy.policy.upstreams[target.upstream].prompt_cache_key)
         return orjson.dumps(body)
 
-    def failover_targets(self, first: ModelTarget) -> list[ModelTarget]:
-        policy = self.policies.current
+    def failover_targets(self, policy: RuntimePolicy, first: ModelTarget) -> list[ModelTarget]:
         return [first, *(policy.targets[name] for name in policy.policy.models[first.name].fallbacks)]
 
     async def attempt(self, ctx: RequestContext, send: Callable[[ModelTarget, bytes], Awaitable[T]],
@@ -209,7 +210,7 @@ class Pipeline:
         """Every upstream attempt goes through the retry module; attempts after the
         first are covered by a budget hold first (a pricier fallback, or a retry
         after an attempt that may have been billed, needs more held)."""
-        policy = self.policies.current
+        policy = ctx.policy
 
         async def covered(target: ModelTarget) -> T:
             if ctx.attempts:
@@ -217,7 +218,7 @@ class Pipeline:
             await self.parts.admission.pace_upstream(ctx, policy, target)
             return await send(target, self.prepare_upstream_body(ctx, target))
 
-        targets = self.failover_targets(first or ctx.targets[0])
+        targets = self.failover_targets(policy, first or ctx.targets[0])
         return await self.parts.retrier.call(ctx, targets, policy.policy.defaults.retry, covered)
 
     async def call(self, ctx: RequestContext) -> JsonReply:
@@ -237,7 +238,7 @@ class Pipeline:
 
     def checked_route(self, ctx: RequestContext) -> Route | None:
         """The route, when this request's answer is to be checked before it is returned."""
-        route = self.policies.current.policy.routes.get(ctx.route) if ctx.route else None
+        route = ctx.policy.policy.routes.get(ctx.route) if ctx.route else None
         if route is None or not route.escalate_when or ctx.endpoint != "chat.completions":
             return None
         return route if not ctx.stream or route.streaming == "buffer" else None

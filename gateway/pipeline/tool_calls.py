@@ -43,7 +43,7 @@ class ToolRunner:
         if unknown:
             raise InvalidRequest(f"unknown fields {sorted(unknown)}: send {{\"arguments\": {{...}}}}")
         arguments = body.get("arguments", {})
-        ctx = RequestContext(request_id="req_" + secrets.token_hex(12), endpoint="tool", path="")
+        ctx = RequestContext(request_id="req_" + secrets.token_hex(12), endpoint="tool", path="", policy=policy)
         ctx.tenant, ctx.key_id, ctx.task_id = owner.tenant, owner.key_id, headers.get("x-task-id") or None
         ctx.deadline = ctx.timeline.enqueue + tool.timeout_s
         task = await self.accounting.task_for(ctx)
@@ -79,13 +79,13 @@ class ToolRunner:
         """A priced tool call holds its price against the budgets, like a model call."""
         price = self._price(tool)
         now = datetime.now(UTC)
-        claims = self.accounting.claims(ctx, self.policies.current, task, now)
+        claims = self.accounting.claims(ctx, ctx.policy, task, now)
         if not price or not claims:
             return None
         request = HoldRequest(
             request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=f"tool:{name}",
             upstream_model=name, upstream="tool", endpoint="tool", amount_pico=price, tokens=0, prompt_tokens_est=0, now=now,
-            expires_at=expiry(tool.timeout_s, now, self.policies.current.policy.defaults.reservation_grace_s))
+            expires_at=expiry(tool.timeout_s, now, ctx.policy.policy.defaults.reservation_grace_s))
         return await self.accounting.ledger.reserve(request, claims)
 
     async def _book(self, ctx: RequestContext, name: str, status: str, cost: int, saved: int, hold: Hold | None,
