@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from gateway.api.admin import build_admin_router
 from gateway.api.errors import install_error_handlers
 from gateway.api.health import build_health_router
+from gateway.api.hot_paths import HotPaths
 from gateway.api.openai_routes import build_router
 from gateway.api.tasks import build_tasks_router
 from gateway.api.tools import build_tools_router
@@ -17,7 +18,7 @@ from gateway.services import Services
 from gateway.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None) -> HotPaths:
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -37,4 +38,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(build_tasks_router())
     app.include_router(build_admin_router())
     app.include_router(build_tools_router())
-    return app
+    return HotPaths(app)
