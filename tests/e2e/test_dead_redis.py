@@ -3,15 +3,15 @@ is skipped rather than failing answers, and /readyz says what is wrong."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import httpx
 
 from gateway.app import create_app
-from gateway.auth.keys import key_digest, new_api_key
+from gateway.auth.keys import new_api_key
 from gateway.settings import Settings
 from gateway.sim.hosted import create_hosted_app
+from tests.support.policies import single_model_policy
 from tests.support.processes import free_port
 from tests.support.servers import run_asgi_in_thread
 
@@ -21,16 +21,7 @@ def test_dead_redis_gives_precise_errors_and_loses_nothing(tmp_path: Path) -> No
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     with run_asgi_in_thread(create_hosted_app()) as hosted:
         policy = tmp_path / "policy.yaml"
-        policy.write_text(textwrap.dedent(f"""\
-            version: 1
-            upstreams:
-              hosted: {{kind: openai, base_url: "{hosted}/v1"}}
-            models:
-              gpt-4o-mini: {{upstream: hosted, price: {{input: 0.15, output: 0.60}}}}
-            tenants:
-              limited: {{api_keys: ["{key_digest(limited)}"], limits: {{rpm: 100}}}}
-              free: {{api_keys: ["{key_digest(free)}"]}}
-            """))
+        policy.write_text(single_model_policy(hosted, {"limited": (limited, "limits: {rpm: 100}"), "free": (free, "")}))
         settings = Settings(gateway_policy=policy, gateway_var_dir=tmp_path / "var", redis_url=dead,
                             database_url=f"sqlite:///{tmp_path / 'ledger.db'}")
         with run_asgi_in_thread(create_app(settings)) as gateway:

@@ -5,7 +5,6 @@ exactly once."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import httpx
@@ -15,10 +14,11 @@ from sqlalchemy import create_engine, text
 
 from gateway.accounting.database import make_engine, migrate, normalise_url
 from gateway.app import create_app
-from gateway.auth.keys import key_digest, new_api_key
+from gateway.auth.keys import new_api_key
 from gateway.settings import Settings
 from gateway.sim.hosted import create_hosted_app
 from tests.conftest import POSTGRES_DSN
+from tests.support.policies import single_model_policy
 from tests.support.servers import run_asgi_in_thread
 
 ADMIN = "outage-admin"
@@ -30,16 +30,7 @@ def test_database_outage_spools_settlements_and_replays_them_once(tmp_path: Path
     name = postgres_url.rsplit("/", 1)[1]
     with run_asgi_in_thread(create_hosted_app()) as hosted:
         policy = tmp_path / "policy.yaml"
-        policy.write_text(textwrap.dedent(f"""\
-            version: 1
-            upstreams:
-              hosted: {{kind: openai, base_url: "{hosted}/v1"}}
-            models:
-              gpt-4o-mini: {{upstream: hosted, price: {{input: 0.15, output: 0.60}}}}
-            tenants:
-              capped: {{api_keys: ["{key_digest(capped)}"], budget: {{usd: "5.00"}}}}
-              free: {{api_keys: ["{key_digest(free)}"]}}
-            """))
+        policy.write_text(single_model_policy(hosted, {"capped": (capped, 'budget: {usd: "5.00"}'), "free": (free, "")}))
         settings = Settings(gateway_policy=policy, gateway_var_dir=tmp_path / "var", database_url=postgres_url,
                             gateway_admin_key=ADMIN, gateway_sweep_interval_s=3600)
         with run_asgi_in_thread(create_app(settings)) as gateway:

@@ -4,15 +4,15 @@ honestly while admitted requests keep bounded latency and memory stays flat."""
 from __future__ import annotations
 
 import asyncio
-import textwrap
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.auth.keys import key_digest, new_api_key
+from gateway.auth.keys import new_api_key
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
+from tests.support.policies import single_model_policy
 from tests.support.processes import GatewayProcess, gateway_processes
 from tests.support.servers import run_asgi_in_thread
 
@@ -20,17 +20,8 @@ RPM = 30
 
 
 def write_policy(path: Path, hosted: str, key: str, max_queue: int, max_wait_s: float) -> None:
-    path.write_text(textwrap.dedent(f"""\
-        version: 1
-        upstreams:
-          hosted: {{kind: openai, base_url: "{hosted}/v1"}}
-        models:
-          gpt-4o-mini: {{upstream: hosted, price: {{input: 0.15, output: 0.60}}}}
-        tenants:
-          acme:
-            api_keys: ["{key_digest(key)}"]
-            limits: {{rpm: {RPM}, max_queue: {max_queue}, max_wait_s: {max_wait_s}}}
-        """))
+    limits = f"limits: {{rpm: {RPM}, max_queue: {max_queue}, max_wait_s: {max_wait_s}}}"
+    path.write_text(single_model_policy(hosted, {"acme": (key, limits)}))
 
 
 Result = tuple[int, float, httpx.Headers, str]

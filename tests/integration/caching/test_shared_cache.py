@@ -3,14 +3,14 @@ replica is a hit on another."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.auth.keys import key_digest, new_api_key
+from gateway.auth.keys import new_api_key
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
+from tests.support.policies import single_model_policy
 from tests.support.processes import gateway_processes
 from tests.support.servers import run_asgi_in_thread
 
@@ -21,16 +21,7 @@ def test_two_replicas_share_the_response_cache_but_not_across_tenants(tmp_path: 
     sim = create_hosted_app(HostedSimConfig())
     with run_asgi_in_thread(sim) as hosted:
         policy = tmp_path / "policy.yaml"
-        policy.write_text(textwrap.dedent(f"""\
-            version: 1
-            upstreams:
-              hosted: {{kind: openai, base_url: "{hosted}/v1"}}
-            models:
-              gpt-4o-mini: {{upstream: hosted, price: {{input: 0.15, output: 0.60}}}}
-            tenants:
-              acme: {{api_keys: ["{key_digest(acme)}"]}}
-              globex: {{api_keys: ["{key_digest(globex)}"]}}
-            """))
+        policy.write_text(single_model_policy(hosted, {"acme": (acme, ""), "globex": (globex, "")}))
         env = {"REDIS_URL": redis_prefix[0], "GATEWAY_REDIS_PREFIX": redis_prefix[1], "GATEWAY_SECRET": "shared-secret-for-test",
                "DATABASE_URL": f"sqlite:///{tmp_path / 'ledger.db'}", "GATEWAY_VAR_DIR": str(tmp_path / "var")}
         body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "shared?"}], "temperature": 0}
