@@ -21,7 +21,7 @@ from gateway.caching.response_cache import BYPASS, HIT, ResponseCache, cache_sco
 from gateway.caching.salts import TenantSalts
 from gateway.caching.steering import steer
 from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
-from gateway.errors import AuthenticationFailed, BodyTooLarge, GatewayError, InvalidRequest
+from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest
 from gateway.pipeline import forward
 from gateway.pipeline.context import Attempt, RequestContext
 from gateway.pipeline.escalation import checks_for, run_chain
@@ -130,10 +130,8 @@ class Pipeline:
         return owner
 
     def parse_and_estimate(self, ctx: RequestContext, raw_body: bytes, headers: Mapping[str, str]) -> None:
+        # The body's size limit is enforced while it is read (api/hot_paths), not again here.
         policy = ctx.policy
-        limit = policy.policy.defaults.max_body_bytes
-        if len(raw_body) > limit:
-            raise BodyTooLarge(f"the request body is {len(raw_body)} bytes; the limit is {limit}")
         body = parse_json_object(raw_body)
         check_body(ctx.endpoint, body)
         ctx.body = body
