@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
@@ -190,3 +190,20 @@ class RoutedApp:
 
     async def unrouted(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         await send_json(send, 404, {"detail": "Not Found"})
+
+
+@dataclass
+class RequestStats:
+    """What both simulators count for tests: requests, answers by status, aborts, and
+    the last request as it arrived (to check what a gateway forwarded)."""
+
+    requests: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    aborted: int = 0  # the client went away before the response finished
+    last_authorization: str | None = None
+    last_body: Any = None
+    last_headers: dict[str, str] = field(default_factory=dict)
+
+    def count_status(self, status: int) -> None:
+        key = str(status)
+        self.by_status[key] = self.by_status.get(key, 0) + 1

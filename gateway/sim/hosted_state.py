@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.sim.asgi import RequestStats
 from gateway.sim.hosted_cache import HostedPromptCache
 from gateway.sim.hosted_faults import FaultRates
 from gateway.sim.quality import QualityProfile, TruthLog
@@ -53,21 +54,11 @@ class HostedSimConfig:
 
 
 @dataclass
-class HostedSimStats:
-    requests: int = 0  # inference requests (chat, completions, embeddings)
-    by_status: dict[str, int] = field(default_factory=dict)
-    aborted: int = 0  # client went away before the response finished
+class HostedSimStats(RequestStats):  # requests: inference requests (chat, completions, embeddings)
     cut_streams: int = 0
     malformed: int = 0
     injected_faults: int = 0
     active_streams: int = 0
-    last_authorization: str | None = None
-    last_body: Any = None
-    last_headers: dict[str, str] = field(default_factory=dict)
-
-    def count_status(self, status: int) -> None:
-        key = str(status)
-        self.by_status[key] = self.by_status.get(key, 0) + 1
 
     def snapshot(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

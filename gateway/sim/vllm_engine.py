@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.sim.asgi import DisconnectWatch, Receive
+from gateway.sim.asgi import DisconnectWatch, Receive, RequestStats
 from gateway.sim.prefix_cache import PrefixCache
 from gateway.sim.vllm_metrics import VllmMetrics
 from gateway.sim.vllm_scheduler import Scheduler
@@ -42,22 +42,12 @@ class VllmSimConfig:
 
 
 @dataclass
-class VllmSimStats:
-    requests: int = 0
-    by_status: dict[str, int] = field(default_factory=dict)
+class VllmSimStats(RequestStats):
     finished: int = 0
-    aborted: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
     last_cached_tokens: int = 0
-    last_authorization: str | None = None
-    last_body: Any = None
-    last_headers: dict[str, str] = field(default_factory=dict)
-
-    def count_status(self, status: int) -> None:
-        key = str(status)
-        self.by_status[key] = self.by_status.get(key, 0) + 1
 
 
 @dataclass
