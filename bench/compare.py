@@ -37,8 +37,19 @@ import uvloop
 from bench import litellm_venv, procs
 from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
-from bench.overhead import CHAT_PATH, GATEWAY_CPU, LOAD_CPU, POLICY, READY_TIMEOUT_S, SETTLE_S, SIM_KEY, _raise_interrupt
-from bench.report import ROOT, git_commit, machine_info, markdown_table, write_json
+from bench.overhead import (
+    CHAT_PATH,
+    GATEWAY_CPU,
+    LOAD_CPU,
+    POLICY,
+    READY_TIMEOUT_S,
+    SETTLE_S,
+    SIM_KEY,
+    _raise_interrupt,
+    add_load_options,
+    check_load_options,
+)
+from bench.report import git_commit, machine_info, markdown_table, write_json
 from bench.stats import summarize
 from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
 from gateway.auth.keys import key_digest, new_api_key
@@ -66,38 +77,22 @@ PROXIES = ("ours", "litellm")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default 2)")
-    parser.add_argument("--concurrency", default="1,16", help="comma-separated closed-loop concurrencies (default 1,16)")
-    parser.add_argument("--modes", default="non-stream,stream", help="comma-separated: non-stream, stream")
+    add_load_options(parser, duration=8.0, concurrency="1,16")
     parser.add_argument("--proxies", default="ours,litellm", help="comma-separated: ours, litellm (in this order)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 0.5 s warm-up")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
-    parser.add_argument("--client", choices=sorted(CLIENTS), default="raw", help="load generator HTTP client (default raw)")
-    parser.add_argument("--max-requests", type=int, default=1_000_000, help="cap on requests per run")
-    parser.add_argument("--token-delay", type=float, default=0.0, help="simulator seconds between streamed chunks")
-    parser.add_argument("--latency", type=float, default=0.0, help="simulator seconds before the first token")
     parser.add_argument(
         "--litellm-master-key",
         action="store_true",
         help="run LiteLLM with a random master key (auth on the path, like ours) instead of none",
     )
     parser.add_argument("--litellm-venv", type=Path, default=litellm_venv.VENV_DIR, help="venv for the LiteLLM proxy")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup = 3.0, 0.5
-    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    check_load_options(parser, args)
     args.proxies = [p.strip() for p in args.proxies.split(",") if p.strip()]
-    if not args.concurrency or min(args.concurrency) < 1 or max(args.concurrency) > 1024:
-        parser.error("--concurrency: integers from 1 to 1024")
-    if not set(args.modes) <= {"non-stream", "stream"} or not args.modes:
-        parser.error("--modes: non-stream and/or stream")
     if not set(args.proxies) <= set(PROXIES) or not args.proxies:
         parser.error("--proxies: ours and/or litellm")
-    if not 0 < args.duration <= 600 or not 0 <= args.warmup <= 60:
-        parser.error("--duration must be within (0, 600] and --warmup within [0, 60]")
     return args
 
 

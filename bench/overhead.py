@@ -60,24 +60,22 @@ tenants:
 """
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
+def add_load_options(parser: argparse.ArgumentParser, duration: float, concurrency: str) -> None:
+    """The closed-loop run options overhead.py and compare.py share."""
+    parser.add_argument("--duration", type=float, default=duration, help=f"measured seconds per run (default {duration:g})")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default 2)")
-    parser.add_argument("--concurrency", default="1,16,64", help="comma-separated closed-loop concurrencies")
+    parser.add_argument("--concurrency", default=concurrency, help=f"comma-separated closed-loop concurrencies (default {concurrency})")
     parser.add_argument("--modes", default="non-stream,stream", help="comma-separated: non-stream, stream")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 0.5 s warm-up, concurrency 1,16")
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="raw", help="load generator HTTP client (default raw)")
-    parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers (default 1)")
     parser.add_argument("--max-requests", type=int, default=1_000_000, help="cap on requests per run")
     parser.add_argument("--token-delay", type=float, default=0.0, help="simulator seconds between streamed chunks")
     parser.add_argument("--latency", type=float, default=0.0, help="simulator seconds before the first token")
-    parser.add_argument("--database-url", help="gateway DATABASE_URL (default: SQLite in a temporary GATEWAY_VAR_DIR)")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.duration, args.warmup, args.concurrency = 3.0, 0.5, "1,16"
+
+
+def check_load_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Parse and check what add_load_options added (after any --quick overrides)."""
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not args.concurrency or min(args.concurrency) < 1 or max(args.concurrency) > 1024:
@@ -86,6 +84,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--modes: non-stream and/or stream")
     if not 0 < args.duration <= 600 or not 0 <= args.warmup <= 60:
         parser.error("--duration must be within (0, 600] and --warmup within [0, 60]")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_load_options(parser, duration=10.0, concurrency="1,16,64")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 0.5 s warm-up, concurrency 1,16")
+    parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers (default 1)")
+    parser.add_argument("--database-url", help="gateway DATABASE_URL (default: SQLite in a temporary GATEWAY_VAR_DIR)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration, args.warmup, args.concurrency = 3.0, 0.5, "1,16"
+    check_load_options(parser, args)
     return args
 
 
