@@ -45,10 +45,17 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+            conn.exec_driver_sql(begin_statement("sqlite", writer=writer))
 
         return engine
     return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+
+
+def begin_statement(dialect_name: str, *, writer: bool) -> str:
+    """How a ledger transaction starts. The writer's SQLite transactions take the write
+    lock up front (see `make_engine`); the ledger writer sends this itself on its own
+    connection, which SQLAlchemy's "begin" event never sees."""
+    return "BEGIN IMMEDIATE" if writer and dialect_name == "sqlite" else "BEGIN"
 
 
 def _v1_initial(conn: Connection) -> None:

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from sqlalchemy import Connection, text
-from sqlalchemy.exc import SQLAlchemyError
+from typing import Any, NamedTuple
 
 from gateway.accounting.native import Native, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
-from gateway.accounting.writer import GroupCommitWriter
+from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
 from gateway.errors import BudgetExceeded, NotReady
 
 ENSURE_BUDGET = (
@@ -35,6 +32,11 @@ HOLD = (
     " AND (calls_limit IS NULL OR calls_used + 1 <= calls_limit)"
     " AND (tokens_limit IS NULL OR tokens_used + tokens_reserved + :tokens <= tokens_limit)"
 )
+# What the budget has left after the hold; NULL when it has no money limit.
+LEFT = "limit_pico - spent_pico - reserved_pico"
+HOLD_RETURNING = f"{HOLD} RETURNING {LEFT}"
+BUDGET_LEFT = f"SELECT {LEFT} FROM budgets WHERE id = :id"
+BUDGET_STATE = "SELECT limit_pico, reserved_pico, spent_pico, calls_limit, calls_used FROM budgets WHERE id = :id"
 END_RESERVATION = (
     "UPDATE reservations SET state = :state, settled_pico = :charged, ended_at = :now WHERE id = :id AND state = 'reserved'"
 )
@@ -46,10 +48,16 @@ MOVE_TO_SPENT = (
 
 INSERT_RESERVATION = insert_sql("reservations", [c.name for c in Reservation.__table__.columns])  # type: ignore[attr-defined]
 BOOKED = "SELECT 1 FROM usage_events WHERE request_id = :r AND attempt = :a AND kind = :k"
-EVENT_COLUMNS = [c.name for c in UsageEvent.__table__.columns if c.name != "id"]  # type: ignore[attr-defined]
-INSERT_EVENT = insert_sql("usage_events", EVENT_COLUMNS)
-# Columns an event may leave out (a cache hit has no replica, a tool call no route, ...).
-EVENT_DEFAULTS: dict[str, Any] = {name: None for name in EVENT_COLUMNS}
+EVENT_COLUMNS = [c for c in UsageEvent.__table__.columns if c.name != "id"]  # type: ignore[attr-defined]
+INSERT_EVENT = insert_sql("usage_events", [c.name for c in EVENT_COLUMNS])
+# Columns an event may leave out (a cache hit has no replica, a tool call no route, ...):
+# the table's own defaults, as an ORM insert would fill them.
+EVENT_DEFAULTS: dict[str, Any] = {c.name: c.default.arg if c.default is not None and c.default.is_scalar else None
+                                  for c in EVENT_COLUMNS}
+ORPHANS = (
+    "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream_model, upstream, endpoint,"
+    " prompt_tokens_est, created_at FROM reservations WHERE state = 'reserved' AND expires_at < :now"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,9 @@ class Hold:
     amount_pico: int
     tokens: int
     budget_ids: tuple[str, ...]
+    # The least any money-limited claim had left once this hold was in (limit - spent -
+    # reserved); None when no claim has a money limit. Known when the hold was made.
+    headroom_pico: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +100,23 @@ class HoldRequest:
     sequence: int = 0
 
 
+class _Orphan(NamedTuple):
+    id: str
+    budget_ids: str
+    amount_pico: int
+    tokens: int
+    request_id: str
+    tenant: str
+    key_id: str
+    task_id: str | None
+    model: str
+    upstream_model: str
+    upstream: str
+    endpoint: str
+    prompt_tokens_est: int
+    created_at: Any  # datetime on PostgreSQL, text on SQLite
+
+
 class _Refused(Exception):
     def __init__(self, claim: BudgetClaim, remaining_pico: int | None, calls_left: int | None) -> None:
         self.claim, self.remaining_pico, self.calls_left = claim, remaining_pico, calls_left
@@ -103,30 +131,33 @@ class Ledger:
         # One request may hold more than once (a retry or an escalation): number them.
         hold_id = f"rsv_{request.request_id.removeprefix('req_')}_{request.sequence}"
 
-        def op(conn: Connection) -> Hold:
-            sql = Native(conn)
+        def op(sql: Native) -> Hold:
             for claim in claims:
                 sql.execute(ENSURE_BUDGET, {"id": claim.budget_id, "scope": claim.scope, "period_start": claim.period_start,
                                             "limit": claim.limit_pico})
+            left: list[int] = []
             for claim in claims:
                 params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
-                if sql.execute(HOLD, params) != 1:
-                    raise _refusal(conn, claim)
+                held, claim_left = _hold(sql, params)
+                if not held:
+                    raise _refusal(sql, claim)
+                if claim_left is not None:
+                    left.append(claim_left)
             sql.execute(INSERT_RESERVATION, dict(
                 id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
                 task_id=request.task_id, model=request.model, upstream_model=request.upstream_model, upstream=request.upstream, endpoint=request.endpoint,
                 budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
                 prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
                 expires_at=request.expires_at, settled_pico=None, ended_at=None))
-            return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims))
+            return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims), min(left, default=None))
 
         try:
             return await self.writer.run(op, isolated=True)
         except _Refused as refused:
             raise _budget_error(refused, request.amount_pico) from None
-        except SQLAlchemyError as exc:
+        except LedgerUnavailable as exc:
             # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
-            raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc).__name__}") from exc
+            raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}") from exc
 
     async def settle(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
                      now: datetime, *, skip_booked: bool = False) -> bool:
@@ -134,8 +165,7 @@ class Ledger:
         rest - and book the events, in one transaction. Returns False if a hold had
         already ended (e.g. the sweeper expired it first)."""
 
-        def op(conn: Connection) -> bool:
-            sql = Native(conn)
+        def op(sql: Native) -> bool:
             ended = True
             cost, used = charged_pico, tokens_used
             for i, hold in enumerate(holds):
@@ -163,20 +193,17 @@ class Ledger:
         budget stays safe - and an `unconfirmed` event makes them visible to finance
         and to reconciliation, which explains the difference against the provider."""
 
-        def op(conn: Connection) -> int:
-            rows = conn.execute(text(
-                "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream_model, upstream, endpoint,"
-                " prompt_tokens_est, created_at FROM reservations WHERE state = 'reserved' AND expires_at < :now"
-            ), {"now": now}).all()
-            sql = Native(conn)
+        def op(sql: Native) -> int:
+            rows = [_Orphan(*r) for r in sql.fetchall(ORPHANS, {"now": now})]
             for row in rows:
                 if _end(sql, row.id, tuple(row.budget_ids.split("\n")), row.amount_pico, row.tokens, row.amount_pico, 0, "expired", now):
-                    conn.execute(UsageEvent.__table__.insert().values(  # type: ignore[attr-defined]
+                    created = _as_datetime(row.created_at)
+                    sql.execute(INSERT_EVENT, {**EVENT_DEFAULTS, **dict(
                         request_id=row.request_id, attempt=0, reservation_id=row.id, tenant=row.tenant, key_id=row.key_id,
                         task_id=row.task_id, kind="model", endpoint=row.endpoint, model=row.model, upstream_model=row.upstream_model, upstream=row.upstream,
                         status="unconfirmed", usage_known=False, prompt_tokens_est=row.prompt_tokens_est,
-                        cost_pico=row.amount_pico, created_at=_as_datetime(row.created_at), day=_as_datetime(row.created_at).date().isoformat(),
-                        error="no usage was confirmed before the reservation expired; charged the reserved worst case"))
+                        cost_pico=row.amount_pico, created_at=created, day=created.date().isoformat(),
+                        error="no usage was confirmed before the reservation expired; charged the reserved worst case")})
             return len(rows)
 
         return int(await self.writer.run(op))
@@ -191,12 +218,24 @@ def _end(sql: Native, hold_id: str, budget_ids: tuple[str, ...], amount: int, to
     return True
 
 
-def _refusal(conn: Connection, claim: BudgetClaim) -> _Refused:
-    row = conn.execute(text("SELECT limit_pico, reserved_pico, spent_pico, calls_limit, calls_used FROM budgets WHERE id = :id"),
-                       {"id": claim.budget_id}).one()
-    limit = claim.limit_pico if claim.limit_pico is not None else row.limit_pico
-    remaining = None if limit is None else max(0, limit - row.reserved_pico - row.spent_pico)
-    calls_left = None if row.calls_limit is None else max(0, row.calls_limit - row.calls_used)
+def _hold(sql: Native, params: dict[str, Any]) -> tuple[bool, int | None]:
+    """The hold on one budget, and what that budget has left after it."""
+    if sql.returning:
+        row = sql.fetchone(HOLD_RETURNING, params)
+        return (False, None) if row is None else (True, row[0])
+    if sql.execute(HOLD, params) != 1:
+        return False, None
+    left = sql.fetchone(BUDGET_LEFT, {"id": params["id"]})
+    return True, None if left is None else left[0]
+
+
+def _refusal(sql: Native, claim: BudgetClaim) -> _Refused:
+    row = sql.fetchone(BUDGET_STATE, {"id": claim.budget_id})
+    assert row is not None  # ensured in this same transaction
+    limit_pico, reserved_pico, spent_pico, calls_limit, calls_used = row
+    limit = claim.limit_pico if claim.limit_pico is not None else limit_pico
+    remaining = None if limit is None else max(0, limit - reserved_pico - spent_pico)
+    calls_left = None if calls_limit is None else max(0, calls_limit - calls_used)
     return _Refused(claim, remaining, calls_left)
 
 

@@ -12,14 +12,18 @@ from typing import Any
 
 import anyio
 import orjson
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine, text
 
 from gateway.accounting.money import pico_from_usd, usd
-from gateway.accounting.tables import Budget, Task
-from gateway.accounting.writer import GroupCommitWriter
+from gateway.accounting.native import Native, insert_sql
+from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
+from gateway.errors import NotReady
 from gateway.routing.policy import TaskLimits
 
 CACHE_SIZE = 10_000
+INSERT_BUDGET = insert_sql("budgets", ["id", "scope", "period_start", "reserved_pico", "spent_pico", "limit_pico", "calls_limit",
+                                       "calls_used", "tokens_limit", "tokens_reserved", "tokens_used"])
+INSERT_TASK = insert_sql("tasks", ["id", "tenant", "key_id", "budget_id", "deadline_at", "created_at"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +46,18 @@ class TaskStore:
         deadline = now + timedelta(seconds=limits.deadline_s) if limits.deadline_s else None
         info = TaskInfo(task_id, tenant, f"task:{task_id}", deadline)
 
-        def op(conn: Connection) -> None:
-            conn.execute(Budget.__table__.insert().values(  # type: ignore[attr-defined]
+        def op(sql: Native) -> None:
+            sql.execute(INSERT_BUDGET, dict(
                 id=info.budget_id, scope=f"task:{task_id}", period_start="", reserved_pico=0, spent_pico=0,
                 limit_pico=pico_from_usd(limits.budget_usd) if limits.budget_usd is not None else None,
                 calls_limit=limits.max_calls, calls_used=0, tokens_limit=limits.max_tokens, tokens_reserved=0, tokens_used=0))
-            conn.execute(Task.__table__.insert().values(  # type: ignore[attr-defined]
+            sql.execute(INSERT_TASK, dict(
                 id=task_id, tenant=tenant, key_id=key_id, budget_id=info.budget_id, deadline_at=deadline, created_at=now))
 
-        await self.writer.run(op, isolated=True)
+        try:
+            await self.writer.run(op, isolated=True)
+        except LedgerUnavailable as exc:
+            raise NotReady(f"the ledger database is unreachable, so the task cannot be opened: {type(exc.__cause__ or exc).__name__}") from exc
         self._remember(info)
         return info
 

@@ -1,11 +1,19 @@
 """Group commit: one thread owns ledger writes. Operations queued by concurrent
 requests run in one transaction and are committed together (an operation that may be
-refused half-way runs inside its own savepoint, so it does not undo the others); every caller waits for the
-commit that made its write durable, but not for a lone fsync of its own."""
+refused half-way runs inside its own savepoint, so it does not undo the others); every
+caller waits for the commit that made its write durable, but not for a lone fsync of
+its own.
+
+The thread keeps one DBAPI connection of its own, outside SQLAlchemy's pool, and
+drives transactions with plain SQL: per batch that is BEGIN, the statements, COMMIT -
+none of the pool checkout, Connection and Transaction objects and events that cost
+more CPU than the statements themselves. A connection that breaks is thrown away and
+the next batch opens a fresh one."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -13,19 +21,79 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.accounting.database import begin_statement
+from gateway.accounting.native import Native
 
 log = logging.getLogger("gateway.ledger")
 T = TypeVar("T")
 MAX_BATCH = 256
+SAVEPOINT = "ledger_op"
+
+
+class LedgerUnavailable(Exception):
+    """The ledger database did not take the write: unreachable, gone, or the connection
+    broke. The write is not in the books (if the connection broke during COMMIT, the
+    database alone knows). Errors an operation raises on purpose pass through as they are."""
 
 
 @dataclass(slots=True)
 class _Op(Generic[T]):
-    fn: Callable[[Connection], T]
+    fn: Callable[[Native], T]
     future: asyncio.Future[T]
     loop: asyncio.AbstractEventLoop
     isolated: bool
+
+
+class _Connection:
+    """The writer thread's connection, with transactions it starts and ends itself."""
+
+    def __init__(self, engine: Engine) -> None:
+        pooled = engine.raw_connection()  # through the pool, so connect-time setup (SQLite pragmas) applies
+        raw = pooled.driver_connection
+        assert raw is not None
+        pooled.detach()  # ours for good: the pool forgets it, and we close it ourselves
+        self.raw: Any = raw
+        try:
+            raw.rollback()  # leave whatever the dialect's first-connect queries began
+            if engine.dialect.name == "sqlite":
+                raw.isolation_level = None  # the sqlite3 module must not open transactions behind our back
+            else:
+                raw.autocommit = True  # psycopg: BEGIN is ours to send, not implicit
+            self._control = raw.cursor()
+            self.sql = Native.on(raw, engine.dialect)
+        except Exception:
+            self.close()
+            raise
+        self._begin = begin_statement(engine.dialect.name, writer=True)
+
+    def _run(self, statement: str) -> None:
+        self._control.execute(statement)
+
+    def begin(self) -> None:
+        self._run(self._begin)
+
+    def commit(self) -> None:
+        self._run("COMMIT")
+
+    def rollback(self) -> None:
+        self._run("ROLLBACK")
+
+    def savepoint(self) -> None:
+        self._run(f"SAVEPOINT {SAVEPOINT}")
+
+    def release(self) -> None:
+        self._run(f"RELEASE SAVEPOINT {SAVEPOINT}")
+
+    def rollback_to(self) -> None:
+        self._run(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+        self.release()  # ROLLBACK TO keeps the savepoint open; don't let refusals pile them up
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # it may be broken already; either way it is gone
+            self.raw.close()
 
 
 class GroupCommitWriter:
@@ -33,15 +101,18 @@ class GroupCommitWriter:
         self.engine = engine
         self._queue: queue.SimpleQueue[_Op[Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="ledger-writer", daemon=True)
+        self._conn: _Connection | None = None  # the writer thread's alone
+        self._driver_errors: tuple[type[BaseException], ...] = (engine.dialect.loaded_dbapi.Error, SQLAlchemyError)
         self.batches = 0
         self.ops = 0
 
     def start(self) -> None:
         self._thread.start()
 
-    async def run(self, fn: Callable[[Connection], T], *, isolated: bool = False) -> T:
+    async def run(self, fn: Callable[[Native], T], *, isolated: bool = False) -> T:
         """Run `fn` in the next group commit. `isolated`: `fn` may raise after writing,
-        so it gets a savepoint; plain appends skip that cost."""
+        so it gets a savepoint; plain appends skip that cost. Raises LedgerUnavailable
+        when the database did not take the write."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put(_Op(fn, future, loop, isolated))
@@ -50,57 +121,97 @@ class GroupCommitWriter:
         return await asyncio.shield(future)
 
     async def stop(self) -> None:
+        """Finish the queued writes, then close the connection."""
         self._queue.put(None)
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
 
     def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    op = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if op is None:
-                    self._queue.put(None)  # finish this batch, then stop
-                    break
-                batch.append(op)
-            self._commit(batch)
+        try:
+            while (batch := self._next_batch()) is not None:
+                self._commit(batch)
+        finally:
+            self._discard()
 
-    @staticmethod
-    def _apply(conn: Connection, op: _Op[Any]) -> tuple[bool, Any]:
-        if op.isolated:
-            return _apply_isolated(conn, op)
-        # An append that fails would leave the transaction unusable: let it fail the batch.
-        return True, op.fn(conn)
+    def _next_batch(self) -> list[_Op[Any]] | None:
+        first = self._queue.get()
+        if first is None:
+            return None
+        batch = [first]
+        while len(batch) < MAX_BATCH:
+            try:
+                op = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if op is None:
+                self._queue.put(None)  # finish this batch, then stop
+                break
+            batch.append(op)
+        return batch
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
-        results: list[tuple[bool, Any]] = []
+        culprit: _Op[Any] | None = None
         try:
-            with self.engine.begin() as conn:
-                for op in batch:
-                    results.append(self._apply(conn, op))
-        except Exception as exc:  # the commit itself failed: nothing in the batch is durable
+            conn = self._begin()
+            results = []
+            for op in batch:
+                culprit = op
+                results.append(self._apply(conn, op, savepoint=len(batch) > 1))
+            culprit = None
+            if any(ok for ok, _ in results):
+                conn.commit()
+            else:  # a lone operation that failed: nothing to keep
+                conn.rollback()
+        except Exception as exc:  # nothing in the batch is durable
             log.exception("ledger commit failed for %d operations", len(batch))
-            results = [(False, exc)] * len(batch)
+            self._discard()  # its state is unknown; closing it rolls back whatever is open
+            own = culprit is not None and not isinstance(exc, self._driver_errors)  # a bug in one op, not the database
+            results = [(False, exc if own and op is culprit else self._unavailable(exc)) for op in batch]
         self.batches += 1
         self.ops += len(batch)
         for op, (ok, value) in zip(batch, results, strict=True):
             op.loop.call_soon_threadsafe(_resolve, op.future, ok, value)
 
+    def _begin(self) -> _Connection:
+        if self._conn is not None:
+            try:
+                self._conn.begin()
+                return self._conn
+            except self._driver_errors:
+                # Closed while idle (a server restart, a proxy's timeout): nothing has run
+                # yet, so start over on a fresh connection rather than fail the batch.
+                log.warning("ledger connection was lost while idle; reconnecting", exc_info=True)
+                self._discard()
+        self._conn = _Connection(self.engine)
+        self._conn.begin()
+        return self._conn
 
-def _apply_isolated(conn: Connection, op: _Op[Any]) -> tuple[bool, Any]:
-    savepoint = conn.begin_nested()
-    try:
-        value = op.fn(conn)
-    except Exception as exc:
-        savepoint.rollback()
-        return False, exc
-    savepoint.commit()
-    return True, value
+    def _apply(self, conn: _Connection, op: _Op[Any], *, savepoint: bool) -> tuple[bool, Any]:
+        if not op.isolated:
+            # An append that fails would leave the transaction unusable: let it fail the batch.
+            return True, op.fn(conn.sql)
+        if savepoint:
+            conn.savepoint()
+        try:
+            value = op.fn(conn.sql)
+        except Exception as exc:
+            if savepoint:
+                conn.rollback_to()  # if this fails too, the connection is gone: the batch fails
+            return False, self._unavailable(exc) if isinstance(exc, self._driver_errors) else exc
+        if savepoint:
+            conn.release()
+        return True, value
+
+    def _unavailable(self, exc: Exception) -> LedgerUnavailable:
+        if isinstance(exc, LedgerUnavailable):
+            return exc
+        error = LedgerUnavailable(f"{type(exc).__name__}: {exc}"[:500])
+        error.__cause__ = exc
+        return error
+
+    def _discard(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def _resolve(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

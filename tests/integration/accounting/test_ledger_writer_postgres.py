@@ -1,0 +1,96 @@
+"""The ledger writer on PostgreSQL: savepoints keep a refused hold from undoing the
+holds it shares a commit with, holds report their headroom, and a connection the
+server kills - idle or mid-batch - is replaced without stopping the writer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, text
+
+from gateway.accounting.database import make_engine, migrate
+from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger
+from gateway.accounting.native import Native
+from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
+from gateway.errors import BudgetExceeded
+from tests.conftest import POSTGRES_DSN
+
+NOW = datetime.now(UTC)
+WIDE = BudgetClaim("tenant:acme:month:2026-11-01", "tenant:acme", "tenant `acme` budget", "2026-11-01", 1000)
+NARROW = BudgetClaim("task:t1", "task:t1", "task `t1`", "", 100)
+
+
+def request(n: int, amount: int) -> HoldRequest:
+    return HoldRequest(request_id=f"req_{n}", tenant="acme", key_id="key_1", task_id=None, model="gpt-4o-mini",
+                       upstream_model="gpt-4o-mini", upstream="hosted", endpoint="chat", amount_pico=amount, tokens=10,
+                       prompt_tokens_est=5, expires_at=NOW + timedelta(seconds=60), now=NOW)
+
+
+@pytest.fixture
+def engine(postgres_url: str) -> Iterator[Engine]:
+    engine = make_engine(postgres_url, writer=True)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def kill_other_sessions(postgres_url: str) -> None:
+    with psycopg.connect(f"{POSTGRES_DSN}/test", autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                      (postgres_url.rsplit("/", 1)[1],))
+
+
+@pytest.mark.services
+def test_a_refused_hold_undoes_only_itself_and_holds_report_headroom(engine: Engine) -> None:
+    async def main() -> list[Any]:
+        writer = GroupCommitWriter(engine)
+        ledger = Ledger(writer)
+        tasks = [asyncio.create_task(ledger.reserve(request(n, amount), [WIDE, NARROW])) for n, amount in ((1, 60), (2, 50), (3, 40))]
+        await asyncio.sleep(0)  # all queued before the writer starts: one batch, one savepoint each
+        writer.start()
+        try:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert writer.batches == 1
+        finally:
+            await writer.stop()
+        return results
+
+    first, refused, third = asyncio.run(main())
+    assert isinstance(first, Hold) and isinstance(third, Hold) and isinstance(refused, BudgetExceeded)
+    assert (first.headroom_pico, third.headroom_pico) == (40, 0)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, reserved_pico, calls_used FROM budgets ORDER BY id")).all()
+    assert [tuple(r) for r in rows] == [(NARROW.budget_id, 100, 2), (WIDE.budget_id, 100, 2)]
+
+
+@pytest.mark.services
+def test_killed_connections_are_replaced(engine: Engine, postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    def mark(n: int) -> Any:
+        return lambda sql: sql.execute("INSERT INTO schema_version (version, applied_at) VALUES (:v, :at)", {"v": n, "at": NOW})
+
+    def killed_mid_batch(sql: Native) -> int:
+        return sql.execute("SELECT pg_terminate_backend(pg_backend_pid())", {})
+
+    async def main() -> None:
+        writer = GroupCommitWriter(engine)
+        writer.start()
+        try:
+            await writer.run(mark(101))
+            kill_other_sessions(postgres_url)  # the writer's connection dies while idle
+            await writer.run(mark(102))
+            with pytest.raises(LedgerUnavailable):
+                await writer.run(killed_mid_batch, isolated=True)
+            await writer.run(mark(103))
+        finally:
+            await writer.stop()
+
+    asyncio.run(main())
+    assert "lost while idle" in caplog.text, "the idle kill was noticed at BEGIN and retried"
+    with engine.connect() as conn:
+        done = {v for (v,) in conn.execute(text("SELECT version FROM schema_version WHERE version > 100"))}
+    assert done == {101, 102, 103}
