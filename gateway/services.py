@@ -21,7 +21,7 @@ from gateway.accounting.ledger import Ledger
 from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskStore
-from gateway.accounting.tokens import get_encoding
+from gateway.accounting.tokens import Tokenizers
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.admission.buckets import Buckets, InProcessBuckets
 from gateway.admission.gate import AdmissionGate
@@ -65,11 +65,13 @@ class Services:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @classmethod
-    def build(cls, settings: Settings) -> Services:
+    def build(cls, settings: Settings, catalog: PriceCatalog | None = None) -> Services:
+        """`catalog`: one already read from `settings.gateway_pricing_dir` (`gateway serve`
+        has read it to check the policy); read here when not given."""
         if settings.gateway_policy is None:
             raise ValueError("no policy file: pass --policy FILE or set GATEWAY_POLICY")
         metrics = Metrics()
-        catalog = PriceCatalog.load(settings.gateway_pricing_dir)
+        catalog = catalog if catalog is not None else PriceCatalog.load(settings.gateway_pricing_dir)
         upstreams = UpstreamRegistry()
         policies = PolicyHolder(
             settings.gateway_policy,
@@ -77,9 +79,11 @@ class Services:
             on_swap=lambda runtime: upstreams.sync(runtime.policy),
             on_result=lambda result: metrics.policy_reloads.labels(result).inc(),
         )
-        # Load the tokenizers now, not on the first request (each takes ~0.3-0.7 s).
-        for encoding in {t.tokenizer for t in policies.current.targets.values()} | {policies.current.policy.defaults.tokenizer}:
-            get_encoding(encoding)
+        # Most requests never need a counted prompt (pipeline/prompt_size.py); where the
+        # policy makes counting routine, load the encodings now, off the start-up path.
+        tokenizers = Tokenizers()
+        if policies.current.needs_token_counts():
+            tokenizers.preload({t.tokenizer for t in policies.current.targets.values()} | {policies.current.policy.defaults.tokenizer})
         url = settings.effective_database_url()
         writer_engine = make_engine(url, writer=True)
         migrate(writer_engine)
@@ -87,6 +91,7 @@ class Services:
         writer = GroupCommitWriter(writer_engine)
         ledger = Ledger(writer)
         accounting = Accounting(ledger, catalog, TaskStore(writer, reader), SettlementSpool(settings.gateway_var_dir))
+        accounting.warm_headroom(reader, policies.current, datetime.now(UTC))
         secret = load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir)
         salts = TenantSalts(secret)
         redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
@@ -98,7 +103,8 @@ class Services:
         store: CacheStore = (TolerantStore(RedisStore(redis, prefix)) if redis is not None
                              else MemoryStore(policies.current.policy.defaults.response_cache_max_bytes))
         pipeline = Pipeline(PipelineParts(policies, upstreams, metrics, salts, accounting, retrier, admission,
-                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier(), IdSource()))
+                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier(), IdSource(),
+                                          tokenizers))
         tools = ToolRunner(policies, ToolClient(), ToolCache(store, secret), accounting)
         return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, redis)
 

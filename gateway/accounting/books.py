@@ -7,17 +7,20 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Engine, bindparam, text
 
+from gateway.accounting.headroom import Headroom
 from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, expiry
 from gateway.accounting.money import pico_from_usd
 from gateway.accounting.prices import PriceCatalog, PriceQuote
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskInfo, TaskStore
+from gateway.accounting.writer import LedgerUnavailable
 from gateway.caching.response_cache import CachedAnswer
-from gateway.errors import GatewayError, NotFound
+from gateway.errors import BudgetExceeded, GatewayError, NotFound
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.routing.policy import Budget
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
@@ -47,6 +50,7 @@ class Accounting:
         self.catalog = catalog
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
+        self.headroom = Headroom()
 
     def quote(self, target: ModelTarget, at: datetime) -> PriceQuote:
         # Prices change by day at the finest; cache per (model, day), bounded.
@@ -83,10 +87,11 @@ class Accounting:
             claims.append(BudgetClaim(task.budget_id, f"task:{task.id}", f"task `{task.id}`"))
         return claims
 
-    def worst_case(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime) -> tuple[int, int]:
+    def worst_case(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime,
+                   prompt_tokens: int) -> tuple[int, int]:
         """(pico-dollars, tokens) one attempt on `target` can cost at most."""
         d = policy.policy.defaults
-        prompt = int(ctx.prompt_tokens_estimate * (1 + d.prompt_margin_ratio)) + d.prompt_margin_tokens
+        prompt = int(prompt_tokens * (1 + d.prompt_margin_ratio)) + d.prompt_margin_tokens
         return self.quote(target, now).worst_case_pico(prompt, ctx.max_output_tokens), prompt + ctx.max_output_tokens
 
     async def reserve(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None) -> None:
@@ -96,22 +101,61 @@ class Accounting:
 
     async def cover(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> None:
         """Before an attempt on `target`: make the holds cover its worst case plus what
-        earlier attempts cost (their real cost, or their worst case while unknown)."""
+        earlier attempts cost (their real cost, or their worst case while unknown).
+        Sized from the prompt's free upper bound while the budgets have ample room,
+        from the tokenizer's count otherwise (accounting/headroom.py)."""
         if not ctx.claims:
             return
         now = datetime.now(UTC)
-        needed, tokens = self.worst_case(ctx, policy, target, now)
+        needed, tokens = self.needed(ctx, policy, target, now, ctx.prompt.best)
+        if ctx.prompt.counted is None and not self.headroom.ample(ctx.claims, needed):
+            needed, tokens = self.needed(ctx, policy, target, now, await ctx.prompt.count())
+        try:
+            await self._top_up(ctx, policy, target, needed, tokens, now)
+        except BudgetExceeded:
+            self.headroom.forget(ctx.claims)
+            if ctx.prompt.counted is not None:
+                raise
+            # Held against the bound and refused: the exact count may still fit.
+            needed, tokens = self.needed(ctx, policy, target, now, await ctx.prompt.count())
+            await self._top_up(ctx, policy, target, needed, tokens, now)
+
+    def needed(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime,
+               prompt_tokens: int) -> tuple[int, int]:
+        needed, tokens = self.worst_case(ctx, policy, target, now, prompt_tokens)
         for attempt in ctx.attempts:
             if attempt.usage is not None:  # spent already (e.g. the answer a route escalated from)
                 needed += self.quote(attempt.target, now).cost_pico(attempt.usage)
                 tokens += attempt.usage.prompt_tokens + attempt.usage.completion_tokens
             elif attempt.status in UNCONFIRMED:
-                extra, extra_tokens = self.worst_case(ctx, policy, attempt.target, now)
+                extra, extra_tokens = self.worst_case(ctx, policy, attempt.target, now, prompt_tokens)
                 needed, tokens = needed + extra, tokens + extra_tokens
+        return needed, tokens
+
+    async def _top_up(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, needed: int, tokens: int,
+                      now: datetime) -> None:
         held = sum(h.amount_pico for h in ctx.holds)
         if needed <= held:
             return
-        ctx.holds.append(await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now))
+        hold = await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now)
+        ctx.holds.append(hold)
+        for claim in ctx.claims:  # the smallest room left over all claims: a safe figure for each
+            self.headroom.record(claim.budget_id, hold.headroom_pico)
+
+    def warm_headroom(self, reader: Engine, policy: RuntimePolicy, now: datetime) -> None:
+        """What each tenant budget has left, read once at start-up, so the first requests
+        need not count their prompts just because nothing is known yet."""
+        claims = [tenant_claim(name, t.budget, now) for name, t in policy.policy.tenants.items() if t.budget is not None]
+        if not claims:
+            return
+        query = text("SELECT id, spent_pico, reserved_pico FROM budgets WHERE id IN :ids").bindparams(bindparam("ids", expanding=True))
+        with reader.connect() as conn:
+            rows = {row.id: row for row in conn.execute(query, {"ids": [c.budget_id for c in claims]})}
+        for claim in claims:
+            row = rows.get(claim.budget_id)
+            used = (row.spent_pico + row.reserved_pico) if row is not None else 0
+            if claim.limit_pico is not None:
+                self.headroom.record(claim.budget_id, claim.limit_pico - used)
 
     async def _hold(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, amount: int, tokens: int,
                     now: datetime) -> Hold:
@@ -119,7 +163,7 @@ class Accounting:
         request = HoldRequest(
             request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=target.name,
             upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=tokens,
-            prompt_tokens_est=ctx.prompt_tokens_estimate, now=now,
+            prompt_tokens_est=ctx.prompt.best, now=now,
             expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s), sequence=len(ctx.holds),
         )
         return await self.ledger.reserve(request, ctx.claims)
@@ -144,13 +188,18 @@ class Accounting:
         now = datetime.now(UTC)
         # No refund while usage is unknown: the hold stays until the sweeper ends it.
         holds, charged, used = ([], 0, 0) if pending else (ctx.holds, cost, tokens)
-        try:
-            await self.ledger.settle(holds, charged, used, events, now)
-        except SQLAlchemyError:
-            log.exception("ledger unavailable; settlement of %s spooled for replay", ctx.request_id)
-            self.spool.write(holds, charged, used, events, now)
+        await self.settle_or_spool(ctx.request_id, holds, charged, used, events, now)
         return Settlement(cost, saved, pending)
 
+    async def settle_or_spool(self, request_id: str, holds: list[Hold], charged: int, used: int,
+                              events: list[dict[str, Any]], now: datetime) -> None:
+        """Book what was already answered: into the ledger, or - while it is down - into
+        the local spool the sweeper replays, so no answered call goes unbooked."""
+        try:
+            await self.ledger.settle(holds, charged, used, events, now)
+        except LedgerUnavailable:
+            log.exception("ledger unavailable; settlement of %s spooled for replay", request_id)
+            self.spool.write(holds, charged, used, events, now)
 
     async def book_cache_hit(self, ctx: RequestContext, answer: CachedAnswer) -> None:
         """A hit costs nothing upstream; its row records what the upstream call it
@@ -159,15 +208,15 @@ class Accounting:
         target = ctx.targets[0]
         usage = Usage.from_openai(answer.usage) if answer.usage else Usage()
         saved = self.quote(target, now).cost_pico(usage)
-        await self.ledger.book([{
+        await self.settle_or_spool(ctx.request_id, [], 0, 0, [{
             "request_id": ctx.request_id, "attempt": 0, "reservation_id": None, "tenant": ctx.tenant, "key_id": ctx.key_id,
             "task_id": ctx.task_id, "kind": "cache_hit", "endpoint": ctx.endpoint, "model": answer.model,
             "upstream_model": target.upstream_model, "upstream": answer.upstream, "route": ctx.route, "status": "ok",
-            "http_status": 200, "usage_known": True, "prompt_tokens_est": ctx.prompt_tokens_estimate, "prompt_tokens": 0,
+            "http_status": 200, "usage_known": True, "prompt_tokens_est": ctx.prompt.best, "prompt_tokens": 0,
             "cached_tokens": 0, "cache_write_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cost_pico": 0,
             "saved_pico": saved, "price_source": "response cache", "created_at": now, "day": now.date().isoformat(),
             "timeline": orjson.dumps(ctx.timeline.as_offsets_ms()).decode(),
-        }])
+        }], now)
 
 
 def tenant_claim(tenant: str, budget: Budget, now: datetime) -> BudgetClaim:
@@ -190,7 +239,7 @@ def _event(ctx: RequestContext, attempt: Attempt, number: int, hold: Hold | None
         "model": attempt.target.name, "upstream_model": attempt.target.upstream_model, "upstream": attempt.target.upstream, "replica": attempt.replica,
         "provider_request_id": attempt.provider_request_id, "route": ctx.route, "status": attempt.status,
         "http_status": attempt.http_status, "error": attempt.error, "usage_known": attempt.usage is not None,
-        "prompt_tokens_est": ctx.prompt_tokens_estimate, "prompt_tokens": usage.prompt_tokens,
+        "prompt_tokens_est": ctx.prompt.best, "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.cache_write_tokens,
         "completion_tokens": usage.completion_tokens, "reasoning_tokens": usage.reasoning_tokens,
         "cost_pico": cost, "saved_pico": saved, "price_source": quote.source[:200], "created_at": at,

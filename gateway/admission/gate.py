@@ -53,7 +53,7 @@ class AdmissionGate:
             specs += model_specs(ctx.targets[0].name, model.limits.rpm, model.limits.tpm)
         if not specs:
             return None
-        tokens = float(ctx.prompt_tokens_estimate + ctx.max_output_tokens)
+        tokens = await _request_tokens(ctx, specs)
         # A client may ask to be treated as batch traffic, never to jump the queue.
         priority = BATCH if priority_header == BATCH else tenant.priority
         own = [s for s in specs if s.scope == f"tenant:{ctx.tenant}"]
@@ -93,7 +93,7 @@ class AdmissionGate:
         if limits is None:
             return None
         specs = upstream_specs(target.upstream, limits.rpm, limits.tpm)
-        tokens = float(ctx.prompt_tokens_estimate + ctx.max_output_tokens)
+        tokens = await _request_tokens(ctx, specs)
         try:
             return await self.queue.admit(f"upstream:{target.upstream}", request_takes(specs, tokens), max_queue=1_000_000,
                                           max_wait_s=max(0.0, ctx.deadline - time.monotonic()), deadline=ctx.deadline)
@@ -102,3 +102,11 @@ class AdmissionGate:
         except Refused as refused:
             raise UpstreamTimeout(f"upstream `{target.upstream}`'s configured limits leave no room before this request's deadline "
                                   f"(next capacity in {refused.retry_after_s:.1f}s)") from None
+
+
+async def _request_tokens(ctx: RequestContext, specs: list[BucketSpec]) -> float:
+    """Tokens a token-per-minute limit charges up front: the counted prompt plus the
+    output bound (corrected at settle). Only counted when such a limit applies."""
+    if not any(spec_kind(s) == TPM for s in specs):
+        return 0.0
+    return float(await ctx.prompt.count() + ctx.max_output_tokens)

@@ -9,6 +9,7 @@ from typing import Any
 from gateway.accounting.ledger import BudgetClaim, Hold
 from gateway.admission.limits import Admitted
 from gateway.caching.response_cache import CachedAnswer, CachePlan
+from gateway.pipeline.prompt_size import PromptSize
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 from gateway.telemetry.timeline import Timeline
 
@@ -76,7 +77,7 @@ class RequestContext:
     stream: bool = False
     buffered: bool = False  # a streamed request answered upstream in one piece, checked, then replayed
     client_wants_usage: bool = False
-    prompt_tokens_estimate: int = 0
+    prompt: PromptSize = field(default_factory=PromptSize.empty)
     max_output_tokens: int = 0
     route: str | None = None
     targets: list[ModelTarget] = field(default_factory=list)

@@ -33,7 +33,7 @@ def record_request(m: Metrics, ctx: RequestContext) -> None:
         m.tokens.labels(ctx.tenant, attempt.target.name, "input").inc(usage.prompt_tokens)
         m.tokens.labels(ctx.tenant, attempt.target.name, "cached").inc(usage.cached_tokens)
         m.tokens.labels(ctx.tenant, attempt.target.name, "output").inc(usage.completion_tokens)
-        if ctx.prompt_tokens_estimate:
-            m.estimate_error.labels(attempt.target.name).observe(usage.prompt_tokens / ctx.prompt_tokens_estimate)
+        if ctx.prompt.counted:  # only requests whose prompt was counted say how good the count is
+            m.estimate_error.labels(attempt.target.name).observe(usage.prompt_tokens / ctx.prompt.counted)
         if usage.completion_tokens > 1 and a_tl.first_token is not None and a_tl.last_token is not None:
             m.tpot.labels(attempt.target.name).observe((a_tl.last_token - a_tl.first_token) / (usage.completion_tokens - 1))

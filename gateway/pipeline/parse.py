@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import count_chat_tokens, count_text_tokens
+from gateway.accounting.tokens import Encoder, chat_tokens_bound, count_chat_tokens, count_text_tokens, text_bytes
 from gateway.errors import InvalidRequest, MalformedJSON
 
 MAX_N = 128
@@ -59,20 +59,35 @@ def _check_messages(messages: Any) -> None:
             raise InvalidRequest(f"`messages[{i}]` must be an object with a string `role`", param=f"messages[{i}]")
 
 
-def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoding: str) -> int:
+def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoder: str | Encoder) -> int:
     if endpoint == "chat.completions":
-        tokens = count_chat_tokens(body.get("messages"), encoding)
+        tokens = count_chat_tokens(body.get("messages"), encoder)
         tools = body.get("tools")
         if tools:
-            tokens += count_text_tokens(orjson.dumps(tools).decode(), encoding)
+            tokens += count_text_tokens(orjson.dumps(tools).decode(), encoder)
         return tokens
+    return sum(_text_tokens(item, encoder) for item in _inputs(endpoint, body))
+
+
+def prompt_tokens_bound(endpoint: str, body: dict[str, Any]) -> int:
+    """At least `estimate_prompt_tokens` for any encoding, without a tokenizer."""
+    if endpoint == "chat.completions":
+        tools = body.get("tools")
+        return chat_tokens_bound(body.get("messages")) + (len(orjson.dumps(tools)) if tools else 0)
+    return sum(text_bytes(item) if isinstance(item, str) else len(item) if isinstance(item, list) else 0
+               for item in _inputs(endpoint, body))
+
+
+def _inputs(endpoint: str, body: dict[str, Any]) -> list[Any]:
     value = body.get("prompt") if endpoint == "completions" else body.get("input")
-    return sum(_text_tokens(item, encoding) for item in (value if isinstance(value, list) else [value]))
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return [value]  # one input given as token ids
+    return value if isinstance(value, list) else [value]
 
 
-def _text_tokens(item: Any, encoding: str) -> int:
+def _text_tokens(item: Any, encoder: str | Encoder) -> int:
     if isinstance(item, str):
-        return count_text_tokens(item, encoding)
+        return count_text_tokens(item, encoder)
     if isinstance(item, list):  # already token ids
         return len(item)
     return 0

@@ -14,6 +14,7 @@ import orjson
 
 from gateway.accounting.books import Accounting
 from gateway.accounting.money import usd
+from gateway.accounting.tokens import Tokenizers
 from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
 from gateway.caching.replay import completion_from_stream, stream_from_completion
@@ -26,7 +27,8 @@ from gateway.pipeline import forward
 from gateway.pipeline.context import Attempt, RequestContext
 from gateway.pipeline.escalation import checks_for, run_chain
 from gateway.pipeline.observe import record_request
-from gateway.pipeline.parse import check_body, estimate_prompt_tokens, output_bound, parse_json_object, response_format_kind
+from gateway.pipeline.parse import check_body, output_bound, parse_json_object, response_format_kind
+from gateway.pipeline.prompt_size import PromptSize
 from gateway.pipeline.retry import Retrier
 from gateway.routing.policy import Route
 from gateway.routing.reload import PolicyHolder
@@ -72,6 +74,7 @@ class PipelineParts:
     volatility: VolatilityDetector
     verifier: Verifier
     ids: IdSource
+    tokenizers: Tokenizers = field(default_factory=Tokenizers)
 
 
 class Pipeline:
@@ -87,7 +90,7 @@ class Pipeline:
         p = self.parts
         try:
             self.authenticate(ctx, headers, ctx.policy)
-            self.parse_and_estimate(ctx, raw_body, headers)
+            await self.parse_and_estimate(ctx, raw_body, headers)
             task = await self.accounting.task_for(ctx)
             # A cached answer spends nothing upstream, so it needs neither capacity nor a hold.
             cached = await self.serve_from_cache(ctx, headers.get("cache-control", ""))
@@ -129,7 +132,7 @@ class Pipeline:
             raise AuthenticationFailed("Incorrect API key provided")
         return owner
 
-    def parse_and_estimate(self, ctx: RequestContext, raw_body: bytes, headers: Mapping[str, str]) -> None:
+    async def parse_and_estimate(self, ctx: RequestContext, raw_body: bytes, headers: Mapping[str, str]) -> None:
         # The body's size limit is enforced while it is read (api/hot_paths), not again here.
         policy = ctx.policy
         body = parse_json_object(raw_body)
@@ -143,7 +146,7 @@ class Pipeline:
         ctx.task_class = headers.get("x-task-class") or None
         ctx.deadline = ctx.timeline.enqueue + _timeout_s(headers, policy.policy.defaults.request_timeout_s)
         named = policy.targets.get(ctx.requested_model)
-        ctx.prompt_tokens_estimate = estimate_prompt_tokens(ctx.endpoint, body, named.tokenizer if named else policy.policy.defaults.tokenizer)
+        ctx.prompt = PromptSize(ctx.endpoint, body, named.tokenizer if named else policy.policy.defaults.tokenizer, self.parts.tokenizers)
         if ctx.endpoint == "chat.completions":
             self.watch_prefix(ctx, body["messages"])
         ctx.route, ctx.targets = policy.candidates(
@@ -153,7 +156,7 @@ class Pipeline:
                 task_class=ctx.task_class,
                 has_tools=bool(body.get("tools")),
                 response_format=response_format_kind(body),
-                prompt_tokens=ctx.prompt_tokens_estimate,
+                prompt_tokens=await ctx.prompt.count() if policy.routes_on_prompt_size(ctx.requested_model) else ctx.prompt.bound,
             ),
         )
         ctx.max_output_tokens = output_bound(ctx.endpoint, body, ctx.targets[0].max_output_tokens)

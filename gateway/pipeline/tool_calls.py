@@ -104,7 +104,7 @@ class ToolRunner:
             "price_source": "policy tool price" if cost or saved else None, "created_at": now, "day": now.date().isoformat(),
             "timeline": orjson.dumps(timeline).decode(),
         }
-        await self.accounting.ledger.settle([hold] if hold else [], cost, 0, [event], now)
+        await self.accounting.settle_or_spool(ctx.request_id, [hold] if hold else [], cost, 0, [event], now)
 
 
 def _result(name: str, tool: Tool, body: bytes, cached: bool) -> bytes:

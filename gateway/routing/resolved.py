@@ -60,6 +60,19 @@ class RuntimePolicy:
         allowed = self.policy.tenants[tenant].models
         return allowed is None or name in allowed
 
+    def routes_on_prompt_size(self, name: str) -> bool:
+        """Whether choosing among `name`'s targets needs the prompt's token count."""
+        route = self.policy.routes.get(name)
+        match = route.match if route is not None else None
+        return match is not None and (match.min_prompt_tokens is not None or match.max_prompt_tokens is not None)
+
+    def needs_token_counts(self) -> bool:
+        """Whether requests here routinely need counted prompts (token-per-minute
+        limits, prompt-length routes), so the tokenizers are worth loading up front."""
+        p = self.policy
+        limits = [t.limits for t in p.tenants.values()] + [m.limits for m in p.models.values()] + [u.limits for u in p.upstreams.values()]
+        return any(lim is not None and lim.tpm is not None for lim in limits) or any(self.routes_on_prompt_size(r) for r in p.routes)
+
     def candidates(self, name: str, request: RouteRequest) -> tuple[str | None, list[ModelTarget]]:
         """(route name or None, ordered targets) for a requested model name."""
         if not self.tenant_may_use(request.tenant, name):

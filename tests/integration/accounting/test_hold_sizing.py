@@ -1,0 +1,55 @@
+"""Holds sized from the prompt's free bound never cost a request that fits: when a
+budget shrinks under a running gateway, the next request is held at its counted size
+and still goes through; the one after that is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.accounting.tokens import count_chat_tokens
+from tests.e2e.test_hot_reload import reload_count
+from tests.e2e.test_openai_sdk import wait_until
+from tests.support.stack import Stack, running_stack
+
+MAX_TOKENS = 40
+MESSAGES = [{"role": "user", "content": "Name three rivers that flow through Europe, with one fact each. " * 20}]
+INPUT_PICO, OUTPUT_PICO = 150_000, 600_000  # gpt-4o-mini in the test policy, per token
+
+
+def with_budget(text: str) -> str:
+    text = text.replace("defaults:\n", "defaults:\n  prompt_margin_ratio: 0\n  prompt_margin_tokens: 0\n", 1)
+    return text.replace("  acme:\n", '  acme:\n    budget: {usd: "1000.00", period: month}\n', 1)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with running_stack(tmp_path, edit_policy=with_budget) as running:
+        yield running
+
+
+def ask(stack: Stack) -> httpx.Response:
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+    return httpx.post(f"{stack.gateway}/chat/completions", json=body, headers={"authorization": f"Bearer {stack.key}"}, timeout=30)
+
+
+def test_a_budget_cut_to_one_more_request_still_admits_it(stack: Stack) -> None:
+    first = ask(stack)
+    assert first.status_code == 200, first.text
+    spent = Decimal(first.headers["x-gateway-cost-usd"])
+    worst_case = Decimal(count_chat_tokens(MESSAGES) * INPUT_PICO + MAX_TOKENS * OUTPUT_PICO).scaleb(-12)
+    # The prompt's byte bound is several times its token count: a hold sized from it would not fit.
+    assert len(MESSAGES[0]["content"]) > 3 * count_chat_tokens(MESSAGES)
+
+    before = reload_count(stack, "ok")
+    stack.policy_path.write_text(stack.policy_path.read_text().replace('usd: "1000.00"', f'usd: "{spent + worst_case}"'))
+    wait_until(lambda: reload_count(stack, "ok") > before)
+
+    second = ask(stack)
+    assert second.status_code == 200, second.text
+    third = ask(stack)
+    assert third.status_code == 429 and third.json()["error"]["code"] == "insufficient_quota", third.text
