@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -17,13 +18,17 @@ from gateway.api.tools import build_tools_router
 from gateway.services import Services
 from gateway.settings import Settings
 
+if TYPE_CHECKING:
+    from gateway.accounting.prices import PriceCatalog
 
-def create_app(settings: Settings | None = None) -> HotPaths:
+
+def create_app(settings: Settings | None = None, catalog: PriceCatalog | None = None) -> HotPaths:
+    """`catalog`: prices already read from the settings' pricing folder, if any."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        services = Services.build(settings)
+        services = Services.build(settings, catalog)
         app.state.services = services
         services.start_background()
         try:

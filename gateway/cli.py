@@ -7,9 +7,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.routing.loader import PolicyInvalid, load_policy_file
+
+if TYPE_CHECKING:
+    from gateway.accounting.prices import PriceCatalog
+    from gateway.api.hot_paths import HotPaths
 
 
 def policy_path(args: argparse.Namespace) -> str | None:
@@ -26,12 +31,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     policy = policy_path(args)
     if policy is None:
         return 2
-    if check_policy(policy) != 0:
+    catalog = checked_catalog(policy)
+    if catalog is None:
         return 1
     os.environ["GATEWAY_POLICY"] = str(Path(policy).resolve())
+    app: str | HotPaths = "gateway.app:create_app"  # each worker process builds its own
+    if args.workers == 1:
+        from gateway.app import create_app
+
+        # One process: it keeps the prices just read to check the policy (reading
+        # litellm's price map again would cost ~0.1 s and a few MB for good).
+        app = create_app(catalog=catalog)
     uvicorn.run(
-        "gateway.app:create_app",
-        factory=True,
+        app,
+        factory=args.workers != 1,
         host=args.host,
         port=args.port,
         workers=args.workers,
@@ -55,22 +68,28 @@ def default_pricing_dir() -> Path:
 
 def check_policy(path: str) -> int:
     """Schema, cross references, and a price for every routable model."""
+    return 0 if checked_catalog(path) is not None else 1
+
+
+def checked_catalog(path: str) -> PriceCatalog | None:
+    """`check_policy`, keeping the price catalog it read; None (after printing the
+    problems) when the policy or the pricing files are invalid."""
     from gateway.accounting.prices import PriceCatalog, PricingInvalid
 
     try:
         catalog = PriceCatalog.load(default_pricing_dir())
     except PricingInvalid as exc:
         print("\n".join(exc.problems), file=sys.stderr)
-        return 1
+        return None
     try:
         policy = load_policy_file(path, catalog)
     except PolicyInvalid as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
-        return 1
+        return None
     print(f"{path}: ok ({len(policy.upstreams)} upstreams, {len(policy.models)} models, "
           f"{len(policy.tenants)} tenants, {len(policy.routes)} routes)")
-    return 0
+    return catalog
 
 
 def cmd_policy_check(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ binary float ever stands between a published price and the ledger.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -267,26 +268,60 @@ def installed_litellm_price_map() -> tuple[Path, str] | None:
     return path, importlib.metadata.version("litellm")
 
 
-def read_litellm_map(path: Path) -> dict[str, MapPrice]:
-    """Token-priced entries of a litellm price map; raises `PricingInvalid` if unreadable.
+# The only members of a price map entry the catalog reads.
+_PRICE_FIELDS = frozenset({"litellm_provider", "input_cost_per_token", "output_cost_per_token",
+                           "cache_read_input_token_cost", "cache_creation_input_token_cost"})
 
-    Entries without an input token price (per-image, per-second, ...) are skipped: such a
-    model has no price here, so the policy or an override must give one.
+
+class LitellmMap:
+    """litellm's price map, read once; an entry becomes a `MapPrice` when first looked up.
+
+    A gateway prices the handful of models in its policy, so converting every one of the
+    map's thousands of entries at start-up (exact fractions, ~0.1 s) is wasted work.
+    Conversions are cached per instance, bounded, so a name looked up twice gives the
+    same object.
     """
+
+    def __init__(self, entries: dict[str, Any], cache_size: int = 1024) -> None:
+        # lru_cache is thread-safe (reports price from worker threads too); over a
+        # partial, not a bound method, so no reference cycle keeps a dropped map alive.
+        self._converted = functools.lru_cache(maxsize=cache_size)(functools.partial(_entry_price, entries))
+
+    def get(self, key: str) -> MapPrice | None:
+        """The token-priced entry named `key`, or None. Entries without an input token
+        price (per-image, per-second, ...) have none: the policy or an override must give one."""
+        return self._converted(key)
+
+
+def _entry_price(entries: dict[str, Any], key: str) -> MapPrice | None:
+    entry = entries.get(key)
+    if key == LITELLM_SAMPLE_ENTRY or not isinstance(entry, dict):
+        return None
+    return _map_price(key, entry)
+
+
+def read_litellm_map(path: Path) -> LitellmMap:
+    """A litellm price map; raises `PricingInvalid` if unreadable."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"), parse_float=Decimal)
+        raw = json.loads(path.read_text(encoding="utf-8"), parse_float=Decimal, object_pairs_hook=_price_members)
     except (OSError, ValueError) as exc:
         raise PricingInvalid([f"{path}: cannot read litellm's price map: {exc}"]) from exc
     if not isinstance(raw, dict):
         raise PricingInvalid([f"{path}: litellm's price map is not a JSON object"])
-    prices: dict[str, MapPrice] = {}
-    for key, entry in raw.items():
-        if key == LITELLM_SAMPLE_ENTRY or not isinstance(entry, dict):
-            continue
-        price = _map_price(key, entry)
-        if price is not None:
-            prices[key] = price
-    return prices
+    return LitellmMap(raw)
+
+
+def _price_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Each JSON object as it is decoded, less the members no price is read from: entries
+    are objects within an object, so objects are kept and, of other values, only the
+    price fields. Decoding the whole map first leaves the process ~6 MB larger for good."""
+    kept: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in _PRICE_FIELDS or isinstance(value, dict):
+            kept[key] = value
+        else:
+            kept.pop(key, None)  # a repeated key: the last value wins, as in a plain decode
+    return kept
 
 
 def _map_price(key: str, entry: dict[str, Any]) -> MapPrice | None:

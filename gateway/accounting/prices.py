@@ -23,6 +23,7 @@ from gateway.accounting.money import PICO_PER_USD, usd
 from gateway.accounting.price_sources import (
     TOKENS_PER_PRICE_UNIT,
     DatedPrice,
+    LitellmMap,
     MapPrice,
     PricingInvalid,
     installed_litellm_price_map,
@@ -113,7 +114,7 @@ def _whole_pico_per_token(rate: Decimal) -> int | None:
 class PriceCatalog:
     """Immutable once loaded; build a new one to pick up edited pricing files."""
 
-    def __init__(self, history: Iterable[DatedPrice], litellm: dict[str, MapPrice], litellm_label: str) -> None:
+    def __init__(self, history: Iterable[DatedPrice], litellm: LitellmMap, litellm_label: str) -> None:
         by_model: dict[str, list[DatedPrice]] = {}
         for row in history:
             by_model.setdefault(row.model, []).append(row)
@@ -129,7 +130,7 @@ class PriceCatalog:
         if litellm_json is None and installed is not None:
             litellm_json = installed[0]
         if litellm_json is None:
-            return cls(read_pricing_dir(pricing_dir), {}, "litellm price map (litellm is not installed)")
+            return cls(read_pricing_dir(pricing_dir), LitellmMap({}), "litellm price map (litellm is not installed)")
         if installed is not None and litellm_json.resolve() == installed[0].resolve():
             label = f"litellm {installed[1]} price map"
         else:

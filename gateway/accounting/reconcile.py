@@ -34,6 +34,7 @@ from sqlalchemy import Engine, Integer, Table, case, distinct, func, literal_col
 from sqlalchemy.sql.expression import ColumnElement, FromClause
 
 from gateway.accounting.money import usd
+from gateway.accounting.price_sources import LitellmMap
 from gateway.accounting.prices import PICO_PER_TOKEN_AT_ONE_USD, PriceCatalog, PriceQuote
 from gateway.accounting.tables import Reservation, UsageEvent
 from gateway.routing.policy import Policy
@@ -278,7 +279,7 @@ def reconcile(
     provider, key_id = _provider_side(rows, window, key_id, notes)
     ledger = aggregate_ledger(engine, upstream_name, window, key_id)
     provider = _align_models(provider, {model for _, model, _ in ledger}, notes)
-    pricer = _Pricer(policy, upstream_name, catalog or PriceCatalog([], {}, "policy prices"))
+    pricer = _Pricer(policy, upstream_name, catalog or PriceCatalog([], LitellmMap({}), "policy prices"))
     compared = [
         _compare(group, ledger.get(group), provider.get(group), pricer.quote(group[1], group[0]), cost_tolerance_pico)
         for group in sorted(ledger.keys() | provider.keys(), key=lambda g: (g[0], g[1], g[2] or ""))

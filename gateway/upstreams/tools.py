@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.routing.policy import Tool
+
+if TYPE_CHECKING:
+    import httpx
 
 MAX_TOOL_BODY = 4 * 1024 * 1024
 
@@ -25,19 +27,31 @@ class ToolReply:
 
 class ToolClient:
     def __init__(self) -> None:
-        self._client = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_connections=256))
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        # Created on the first tool call: httpx and its TLS context (CA certificates read
+        # from disk) cost ~0.1 s of start-up that a gateway without tool calls never needs.
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_connections=256))
+        return self._client
 
     async def call(self, name: str, tool: Tool, arguments: Any) -> ToolReply:
         """POST the arguments as JSON, or GET with them as query parameters."""
         start = time.monotonic()
         url = str(tool.url)
+        client = self._http()
+        import httpx  # loaded by _http(): the name is needed for the exceptions below
+
         try:
             if tool.method == "GET":
                 params = {k: v if isinstance(v, str) else orjson.dumps(v).decode() for k, v in (arguments or {}).items()}
-                response = await self._client.get(url, params=params, timeout=tool.timeout_s)
+                response = await client.get(url, params=params, timeout=tool.timeout_s)
             else:
-                response = await self._client.post(url, content=orjson.dumps(arguments), timeout=tool.timeout_s,
-                                                   headers={"content-type": "application/json"})
+                response = await client.post(url, content=orjson.dumps(arguments), timeout=tool.timeout_s,
+                                             headers={"content-type": "application/json"})
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"tool `{name}` did not answer within {tool.timeout_s:g}s") from exc
         except httpx.HTTPError as exc:
@@ -49,4 +63,5 @@ class ToolClient:
         return ToolReply(response.content, response.headers.get("content-type", "application/json"), time.monotonic() - start)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()

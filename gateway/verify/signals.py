@@ -16,11 +16,6 @@ from typing import Any
 
 import orjson
 
-# jsonschema ships no type information; it is used through `SchemaCache` only.
-from jsonschema import Draft202012Validator, validators  # type: ignore[import-untyped]
-from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
-from referencing.exceptions import Unresolvable
-
 from gateway.verify.tool_calls import has_tool_calls, tool_call_problems
 
 SIGNALS = frozenset({
@@ -69,7 +64,8 @@ class SchemaCache:
     """Compiled JSON Schema validators, keyed by the schema's canonical JSON, LRU-bounded.
 
     Compiling a schema costs far more than validating one answer, and a route sees the
-    same few schemas on every request, so they are compiled once.
+    same few schemas on every request, so they are compiled once. jsonschema itself is
+    imported on the first schema (~0.2 s): most gateways never check one.
     """
 
     def __init__(self, capacity: int = MAX_VALIDATORS) -> None:
@@ -84,6 +80,8 @@ class SchemaCache:
         validator = self._validator(schema)
         if isinstance(validator, str):
             return validator
+        from referencing.exceptions import Unresolvable  # loaded with jsonschema by _compile
+
         try:
             error = next(iter(validator.iter_errors(instance)), None)
         except Unresolvable as exc:
@@ -113,6 +111,10 @@ class SchemaCache:
 def _compile(schema: Any) -> Any:
     if not isinstance(schema, Mapping | bool):
         return "invalid schema: not an object"
+    # jsonschema ships no type information; it is used through `SchemaCache` only.
+    from jsonschema import Draft202012Validator, validators  # type: ignore[import-untyped]
+    from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
+
     # Draft 2020-12 unless the schema declares its own `$schema`.
     cls = validators.validator_for(schema, default=Draft202012Validator)
     try:

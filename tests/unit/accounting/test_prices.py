@@ -367,6 +367,15 @@ def test_describe_shows_price_source_and_history(tmp_path: Path) -> None:
     assert "from 2025-01-01" in current
 
 
+def test_describe_marks_the_litellm_entry_in_effect(tmp_path: Path) -> None:
+    cat = catalog(tmp_path, litellm={"acme/chat-model": {"input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6,
+                                                          "litellm_provider": "acme"}})
+    text = cat.describe("acme/chat-model", None, None, NOW)
+    assert f"source: litellm price map {tmp_path / 'litellm.json'}" in text
+    [current] = [line for line in text.splitlines() if "<- in effect" in line]
+    assert "entry `acme/chat-model` (acme): input 1, cached input 1, cache write 1, output 2" in current
+
+
 def test_show_price_uses_the_policy_and_fails_for_unpriced_models() -> None:
     code, text = show_price("pool-model", str(ROOT / "policies" / "demo.yaml"), PRICING, NOW)
     assert code == 0 and "source: policy" in text and "derived from 2.50 USD/GPU-hour" in text

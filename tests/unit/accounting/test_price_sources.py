@@ -1,0 +1,49 @@
+"""Reading litellm's price map: what a plain JSON decode would give, priced on demand."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from gateway.accounting.prices import PriceCatalog, PricingInvalid
+
+NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+
+
+def load(tmp_path: Path, text: str) -> PriceCatalog:
+    (tmp_path / "pricing").mkdir()
+    path = tmp_path / "litellm.json"
+    path.write_text(text, encoding="utf-8")
+    return PriceCatalog.load(tmp_path / "pricing", path)
+
+
+def input_price(catalog: PriceCatalog, model: str) -> Decimal | None:
+    quote = catalog.quote(model, None, None, NOW)
+    return None if quote is None else quote.input
+
+
+def test_litellm_map_reads_entries_as_a_plain_json_decode_would(tmp_path: Path) -> None:
+    # Written by hand: json.dumps cannot repeat a key. The last value of a repeated key
+    # wins; members that are not prices (nested objects, lists) change nothing.
+    cat = load(tmp_path, """{
+        "replaced": {"input_cost_per_token": 1e-6}, "replaced": "no longer an object",
+        "restored": "not yet an object", "restored": {"input_cost_per_token": 2e-6},
+        "repriced": {"input_cost_per_token": 1e-6, "input_cost_per_token": 3e-6, "output_cost_per_token": 4e-6},
+        "nested": {"input_cost_per_token": 5e-7, "supported_regions": ["eu"],
+                   "tiered_pricing": [{"input_cost_per_token": 9e-6}], "search_cost": {"input_cost_per_token": 8e-6}},
+        "a-list": [{"input_cost_per_token": 1e-6}]
+    }""")
+    assert [input_price(cat, m) for m in ("replaced", "restored", "repriced", "nested", "a-list")] == [
+        None, Decimal(2), Decimal(3), Decimal("0.5"), None]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[1, 2]", "litellm's price map is not a JSON object"),
+    ("{not json", "cannot read litellm's price map: Expecting property name"),
+])
+def test_an_unreadable_litellm_map_is_refused_at_load(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(PricingInvalid, match=expected):
+        load(tmp_path, text)

@@ -1,0 +1,24 @@
+"""Start-up cost: the app loads what serving needs, not what a rare path needs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Each costs start-up time on every `gateway serve`, yet only one path uses it:
+# reconciliation (admin API, CLI), JSON Schema checks, and tool calls.
+LOADED_ON_FIRST_USE = (
+    "gateway.accounting.importers",
+    "gateway.accounting.reconcile",
+    "jsonschema",
+    "httpx",
+)
+
+
+def test_importing_the_app_leaves_rarely_used_modules_unloaded() -> None:
+    code = f"import sys, gateway.app; print(*[m for m in {LOADED_ON_FIRST_USE!r} if m in sys.modules])"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.split() == []
