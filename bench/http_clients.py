@@ -1,6 +1,6 @@
 """Which HTTP client should carry upstream traffic? CPU per request of httpx, httpcore
-(httpx's transport, used directly) and aiohttp against the hosted simulator, one
-process, closed loop. Run: .venv/bin/python bench/http_clients.py [--requests N]"""
+(httpx's transport, used directly), aiohttp and our own HTTP/1.1 pool (gateway/upstreams/h1.py)
+against the hosted simulator, one process, closed loop. Run: .venv/bin/python bench/http_clients.py [--requests N]"""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import aiohttp
 import httpcore
@@ -18,6 +22,7 @@ import httpx
 import orjson
 
 from bench.procs import free_port, http_status
+from gateway.upstreams.h1 import H1Pool
 
 BODY = orjson.dumps({"model": "bench-model", "messages": [{"role": "user", "content": "hello " * 900}], "max_tokens": 20})
 HEADERS: dict[bytes | str, bytes | str] = {"content-type": "application/json"}
@@ -60,6 +65,18 @@ async def run(url: str, requests: int, concurrency: int) -> list[dict[str, float
                 await response.read()
                 return response.status
         results.append(await measure("aiohttp", via_aiohttp, requests, concurrency))
+    base, _, path = url.partition("/v1")
+    pool = H1Pool(base + "/v1", default_headers={"content-type": "application/json"}, max_connections=64,
+                  keepalive_s=30.0, connect_timeout_s=5.0)
+    path = path or "/"
+
+    async def via_h1() -> int:
+        # Both bounds set, as the gateway sets them on every non-streaming call.
+        response = await pool.request("POST", path, BODY, timeout_s=60.0, read_timeout_s=60.0)
+        await response.read()
+        return response.status
+    results.append(await measure("h1 (gateway/upstreams/h1.py)", via_h1, requests, concurrency))
+    await pool.aclose()
     return results
 
 

@@ -135,25 +135,23 @@ async def relay_stream(
     `before_done` runs once the answer is complete but before the client sees [DONE],
     so a cached copy exists by the time the client can ask again."""
     relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
-    chunks = stream.aiter_raw()
     timeline = attempt.timeline
+    # One timer for the whole stream (not a timeout scope per chunk): at the deadline it
+    # drops the upstream connection, which ends the read below.
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        stream.abort()
+
+    timer = asyncio.get_running_loop().call_later(max(0.0, ctx.deadline - time.monotonic()), expire)
     try:
-        while True:
-            try:
-                async with asyncio.timeout(ctx.deadline - time.monotonic()):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                _fail(attempt, UpstreamTimeout("the request deadline passed mid-stream"))
-                yield error_event("the request deadline passed while the answer was streaming", "upstream_timeout")
-                return
-            except StreamBroken as exc:
-                _fail(attempt, UpstreamError(f"the upstream stream broke: {exc}"), status="cut")
-                yield error_event("the upstream connection broke before the answer was complete", "upstream_stream_cut")
-                return
-            out = relay.feed(chunk)
-            if out:
+        try:
+            async for chunk in stream.aiter_raw():
+                out = relay.feed(chunk)
+                if not out:
+                    continue
                 if timeline.first_token is None:
                     timeline.first_token = time.monotonic()
                     ctx.timeline.first_token = ctx.timeline.first_token or timeline.first_token
@@ -170,6 +168,15 @@ async def relay_stream(
                     hook, before_done = before_done, None
                     await hook()
                 yield out
+        except StreamBroken as exc:
+            if not expired:
+                _fail(attempt, UpstreamError(f"the upstream stream broke: {exc}"), status="cut")
+                yield error_event("the upstream connection broke before the answer was complete", "upstream_stream_cut")
+                return
+        if expired and not relay.done:
+            _fail(attempt, UpstreamTimeout("the request deadline passed mid-stream"))
+            yield error_event("the request deadline passed while the answer was streaming", "upstream_timeout")
+            return
         if relay.usage is not None:
             attempt.usage = Usage.from_openai(relay.usage)
         if relay.done and relay.error is None:
@@ -180,6 +187,7 @@ async def relay_stream(
             if relay.error is None:
                 yield error_event("the upstream ended the stream before the answer was complete", "upstream_stream_cut")
     finally:
+        timer.cancel()
         if attempt.status == "pending":
             attempt.status = "cancelled"
             attempt.error = "the client disconnected mid-stream"

@@ -26,6 +26,9 @@ class UpstreamStream(Protocol):
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
+    def abort(self) -> None:
+        """Drop the connection now; a read in progress ends (the caller knows why)."""
+
     async def aclose(self) -> None: ...
 
 

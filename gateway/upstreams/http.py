@@ -1,26 +1,28 @@
-"""HTTP upstreams (any OpenAI-compatible API, and vLLM replicas), on one pooled aiohttp
-session each. This is the only module that creates HTTP clients for model traffic.
+"""HTTP upstreams (any OpenAI-compatible API, and vLLM replicas), on one keep-alive
+connection pool per replica. This is the only module that creates HTTP clients for
+model traffic.
 
-aiohttp rather than httpx: measured with bench/http_clients.py against the simulator,
-httpx spent ~3.6 ms of CPU per request in the client and aiohttp ~0.4 ms, and the
-client is on every upstream call."""
+The client is our own HTTP/1.1 pool (upstreams/h1.py): measured with
+bench/http_clients.py against the simulator, client CPU per request was ~3.6 ms for
+httpx, ~0.45 ms for aiohttp and ~0.19 ms for h1, and the client is on every upstream
+call."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-
-import aiohttp
+from dataclasses import dataclass, field
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.routing.policy import Upstream as UpstreamConfig
 from gateway.upstreams.base import StreamBroken, UpstreamReply
+from gateway.upstreams.h1 import H1Error, H1Pool, H1Response
 
 
 @dataclass(slots=True)
 class _Replica:
     url: str
+    pool: H1Pool
     in_flight: int = 0
 
 
@@ -29,19 +31,26 @@ class _Stream:
     status: int
     headers: dict[str, str]
     replica: str
-    response: aiohttp.ClientResponse
+    response: H1Response
     release: _Replica
+    _closed: bool = field(default=False)
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self.response.content.iter_any():
+            async for chunk in self.response.iter_raw():
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, H1Error) as exc:
             raise StreamBroken(type(exc).__name__) from exc
 
+    def abort(self) -> None:
+        self.response.close()
+
     async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         try:
-            if self.response.content.at_eof():
+            if self.response.at_eof:
                 self.response.release()  # complete: the connection goes back to the pool
             else:
                 # Closing mid-stream drops the connection, which is how a vLLM server
@@ -51,32 +60,22 @@ class _Stream:
             self.release.in_flight -= 1
 
 
-def _headers(response: aiohttp.ClientResponse) -> dict[str, str]:
-    return {k.lower(): v for k, v in response.headers.items()}
-
-
 class HttpUpstream:
     def __init__(self, name: str, config: UpstreamConfig) -> None:
         self.name = name
         self.kind: str = config.kind
         self.config = config
-        self._replicas = [_Replica(url) for url in config.urls()]
-        self._next = 0
-        self._headers = {"content-type": "application/json", "accept-encoding": "identity"}
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
         key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
         if key:
-            self._headers["authorization"] = f"Bearer {key}"
+            headers["authorization"] = f"Bearer {key}"
         self.secrets = tuple(s for s in (key,) if s)
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        # Created on first use, inside the running event loop it belongs to.
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.config.max_connections, keepalive_timeout=self.config.keepalive_s,
-                                             ttl_dns_cache=300)
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers, auto_decompress=False,
-                                                  trust_env=False, skip_auto_headers=("User-Agent",))
-        return self._session
+        self._replicas = [
+            _Replica(url, H1Pool(url, default_headers=headers, max_connections=config.max_connections,
+                                 keepalive_s=config.keepalive_s, connect_timeout_s=config.connect_timeout_s))
+            for url in config.urls()
+        ]
+        self._next = 0
 
     def _pick(self) -> _Replica:
         # Least in-flight requests; round-robin among ties so idle replicas share load.
@@ -92,23 +91,27 @@ class HttpUpstream:
                 best = cand
         return best
 
-    def _timeout(self, timeout_s: float, streaming: bool) -> aiohttp.ClientTimeout:
-        limit = min(timeout_s, self.config.timeout_s)
-        connect = min(timeout_s, self.config.connect_timeout_s)
-        # A stream is bounded by the gap between chunks; the request deadline bounds the rest.
-        return aiohttp.ClientTimeout(total=None if streaming else limit, sock_connect=connect, sock_read=limit)
+    def _limit(self, timeout_s: float) -> float:
+        return min(timeout_s, self.config.timeout_s)
+
+    def _timed_out(self, timeout_s: float) -> UpstreamTimeout:
+        return UpstreamTimeout(f"upstream `{self.name}` did not answer within {timeout_s:.1f}s")
+
+    def _unreachable(self, exc: Exception) -> UpstreamError:
+        return UpstreamError(f"upstream `{self.name}` could not be reached: {type(exc).__name__}")
 
     async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
         replica = self._pick()
         replica.in_flight += 1
+        limit = self._limit(timeout_s)
         try:
-            async with self._client().post(replica.url + path, data=body, timeout=self._timeout(timeout_s, False)) as response:
-                raw = await response.read()
-                return UpstreamReply(response.status, _headers(response), raw, replica.url)
+            response = await replica.pool.request("POST", path, body, timeout_s=limit)
+            raw = await response.read()
+            return UpstreamReply(response.status, response.headers, raw, replica.url)
         except TimeoutError as exc:
-            raise UpstreamTimeout(f"upstream `{self.name}` did not answer within {timeout_s:.1f}s") from exc
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(f"upstream `{self.name}` could not be reached: {type(exc).__name__}") from exc
+            raise self._timed_out(timeout_s) from exc
+        except H1Error as exc:
+            raise self._unreachable(exc) from exc
         finally:
             replica.in_flight -= 1
 
@@ -116,18 +119,17 @@ class HttpUpstream:
         replica = self._pick()
         replica.in_flight += 1
         try:
-            response = await self._client().post(replica.url + path, data=body, timeout=self._timeout(timeout_s, True))
-        except TimeoutError as exc:
+            # A stream is bounded by the gap between chunks; the request deadline bounds the rest.
+            response = await replica.pool.request("POST", path, body, read_timeout_s=self._limit(timeout_s))
+        except BaseException as exc:
             replica.in_flight -= 1
-            raise UpstreamTimeout(f"upstream `{self.name}` did not answer within {timeout_s:.1f}s") from exc
-        except aiohttp.ClientError as exc:
-            replica.in_flight -= 1
-            raise UpstreamError(f"upstream `{self.name}` could not be reached: {type(exc).__name__}") from exc
-        except BaseException:
-            replica.in_flight -= 1
+            if isinstance(exc, TimeoutError):
+                raise self._timed_out(timeout_s) from exc
+            if isinstance(exc, H1Error):
+                raise self._unreachable(exc) from exc
             raise
-        return _Stream(response.status, _headers(response), replica.url, response, replica)
+        return _Stream(response.status, response.headers, replica.url, response, replica)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for replica in self._replicas:
+            await replica.pool.aclose()
