@@ -41,7 +41,15 @@ class TenantSalts:
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
     def cache_salt(self, scope: str) -> str:
-        salt = self._salts.get(scope)
+        return self._memo("vllm-cache-salt", scope)
+
+    def prompt_cache_tag(self, scope: str) -> str:
+        return self._memo("prompt-cache-key", scope)[:16]
+
+    def _memo(self, purpose: str, scope: str) -> str:
+        # One HMAC per (purpose, scope) for the life of the process, not one per request.
+        key = f"{purpose}\x00{scope}"
+        salt = self._salts.get(key)
         if salt is None:
-            salt = self._salts[scope] = self.derive("vllm-cache-salt", scope)
+            salt = self._salts[key] = self.derive(purpose, scope)
         return salt

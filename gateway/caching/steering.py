@@ -27,7 +27,7 @@ def steer(body: dict[str, Any], upstream_kind: str, scope: str, salts: TenantSal
 def prompt_cache_key(salts: TenantSalts, scope: str, client_value: Any) -> str:
     """`<tenant tag>` or `<tenant tag>:<client's key>`: the tag is derived from the
     gateway secret, so one tenant cannot aim at another tenant's cache routing."""
-    tag = salts.derive("prompt-cache-key", scope)[:16]
+    tag = salts.prompt_cache_tag(scope)
     if not isinstance(client_value, str) or not client_value:
         return tag
     return f"{tag}:{client_value}"[:MAX_PROMPT_CACHE_KEY]
