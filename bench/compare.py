@@ -117,6 +117,9 @@ class Simulator:
         self.proc = procs.Spawned("simulator", argv, dict(os.environ), workdir, LOAD_CPU if pinned else None)
         exits.callback(self.proc.stop)
         procs.wait_until(self.proc, self.port, "GET", "/v1/models", READY_TIMEOUT_S)
+        # Its own first answer is slow (tokenizer load): take it before any proxy is timed.
+        warm = Target("direct", self.port, CHAT_PATH, SIM_KEY, False, chat_body(False))
+        procs.wait_until(self.proc, self.port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=warm.body, headers=warm.headers())
 
 
 class Proxy:

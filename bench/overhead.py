@@ -124,6 +124,10 @@ class Stack:
                 "--token-delay", str(self.args.token_delay), "--latency", str(self.args.latency)]
         sim = self._spawn("simulator", argv, dict(os.environ), LOAD_CPU)
         procs.wait_until(sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
+        # The simulator's own first answer is slow (it loads its tokenizer): take it
+        # now, so the gateway's start-up figure is the gateway's alone.
+        procs.wait_until(sim, self.sim_port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=chat_body(False),
+                         headers=self.target("direct", False).headers())
         return sim
 
     def _start_gateway(self) -> tuple[procs.Spawned, dict[str, float]]:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from gateway.accounting.native import Native, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
-from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
+from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, Refusal
 from gateway.errors import BudgetExceeded, NotReady
 
 ENSURE_BUDGET = (
@@ -117,7 +117,7 @@ class _Orphan(NamedTuple):
     created_at: Any  # datetime on PostgreSQL, text on SQLite
 
 
-class _Refused(Exception):
+class _Refused(Refusal):
     def __init__(self, claim: BudgetClaim, remaining_pico: int | None, calls_left: int | None) -> None:
         self.claim, self.remaining_pico, self.calls_left = claim, remaining_pico, calls_left
 
@@ -132,13 +132,16 @@ class Ledger:
         hold_id = f"rsv_{request.request_id.removeprefix('req_')}_{request.sequence}"
 
         def op(sql: Native) -> Hold:
-            for claim in claims:
-                sql.execute(ENSURE_BUDGET, {"id": claim.budget_id, "scope": claim.scope, "period_start": claim.period_start,
-                                            "limit": claim.limit_pico})
             left: list[int] = []
             for claim in claims:
                 params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
                 held, claim_left = _hold(sql, params)
+                if not held and sql.fetchone(BUDGET_STATE, {"id": claim.budget_id}) is None:
+                    # The first hold on this budget (a new tenant, a new period): create it.
+                    # Not up front on every hold - it is one statement per request saved.
+                    sql.execute(ENSURE_BUDGET, {"id": claim.budget_id, "scope": claim.scope,
+                                                "period_start": claim.period_start, "limit": claim.limit_pico})
+                    held, claim_left = _hold(sql, params)
                 if not held:
                     raise _refusal(sql, claim)
                 if claim_left is not None:
@@ -152,7 +155,9 @@ class Ledger:
             return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims), min(left, default=None))
 
         try:
-            return await self.writer.run(op, isolated=True)
+            # A refusal of the first claim has written nothing to undo (a budget row
+            # it created may stay); only a later claim's refusal needs a savepoint.
+            return await self.writer.run(op, isolated=len(claims) > 1)
         except _Refused as refused:
             raise _budget_error(refused, request.amount_pico) from None
         except LedgerUnavailable as exc:

@@ -33,6 +33,11 @@ MAX_BATCH = 256
 SAVEPOINT = "ledger_op"
 
 
+class Refusal(Exception):
+    """Raised by an operation that refuses before writing anything that would need
+    undoing: it ends that operation only, and needs no savepoint."""
+
+
 class LedgerUnavailable(Exception):
     """The ledger database did not take the write: unreachable, gone, or the connection
     broke. The write is not in the books (if the connection broke during COMMIT, the
@@ -188,7 +193,10 @@ class GroupCommitWriter:
     def _apply(self, conn: _Connection, op: _Op[Any], *, savepoint: bool) -> tuple[bool, Any]:
         if not op.isolated:
             # An append that fails would leave the transaction unusable: let it fail the batch.
-            return True, op.fn(conn.sql)
+            try:
+                return True, op.fn(conn.sql)
+            except Refusal as refused:
+                return False, refused
         if savepoint:
             conn.savepoint()
         try:

@@ -23,14 +23,16 @@ OFF_LOOP_BYTES = 256 * 1024
 class PromptSize:
     __slots__ = ("_body", "_counted", "_encoding", "_endpoint", "_tokenizers", "bound")
 
-    def __init__(self, endpoint: str, body: dict[str, Any], encoding: str, tokenizers: Tokenizers | None) -> None:
-        self.bound = prompt_tokens_bound(endpoint, body)
+    def __init__(self, endpoint: str, body: dict[str, Any], encoding: str, tokenizers: Tokenizers | None,
+                 bound: int | None = None) -> None:
+        self.bound = prompt_tokens_bound(endpoint, body) if bound is None else bound
         self._counted: int | None = None
         self._endpoint, self._body, self._encoding, self._tokenizers = endpoint, body, encoding, tokenizers
 
     @classmethod
     def empty(cls) -> PromptSize:
-        return cls("embeddings", {}, "", None)
+        """A request that has not been parsed (yet): no prompt."""
+        return cls("embeddings", {}, "", None, bound=0)
 
     @property
     def counted(self) -> int | None:
