@@ -73,8 +73,14 @@ class SseRelay:
 
 
 def _plain_content(events: bytes) -> bool:
-    """True when no event here can carry usage, a finish reason, an error or the end."""
-    if b'"usage"' in events or b"[DONE]" in events or b'"error"' in events:
+    """True when no event here can carry usage, a finish reason, an error or the end.
+
+    With `include_usage`, OpenAI (and vLLM) put `"usage":null` in every chunk: that is
+    no usage, and must not send each content chunk through the JSON parser. Quotes
+    inside content are escaped (`\\"usage\\"`), so they never match these patterns."""
+    if b"[DONE]" in events or b'"error"' in events:
+        return False
+    if events.count(b'"usage"') != events.count(b'"usage":null') + events.count(b'"usage": null'):
         return False
     reasons = events.count(b'"finish_reason"')
     return reasons == events.count(b'"finish_reason":null') + events.count(b'"finish_reason": null')

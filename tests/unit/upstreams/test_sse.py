@@ -47,3 +47,15 @@ def test_spaced_json_finish_reason_is_seen() -> None:
     relay = SseRelay(strip_usage_chunk=True)
     relay.feed(b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}\n\n')
     assert relay.finish_reason == "length"
+
+
+def test_content_that_quotes_usage_is_forwarded_and_not_taken_for_usage() -> None:
+    """A model may write about `"usage": {...}` in its answer: escaped inside the
+    content string, it must neither set the relay's usage nor be stripped."""
+    tricky = chunk({"choices": [{"index": 0, "delta": {"content": 'say "usage": {"prompt_tokens": 1} and "error"'},
+                                 "finish_reason": None}], "usage": None})
+    relay = SseRelay(strip_usage_chunk=True)
+    assert relay.feed(tricky + CONTENT) == tricky + CONTENT
+    assert relay.usage is None and relay.error is None and not relay.done
+    assert relay.feed(FINISH + USAGE + DONE) == FINISH + DONE
+    assert relay.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
