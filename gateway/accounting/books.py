@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -51,6 +52,7 @@ class Accounting:
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
         self.headroom = Headroom()
+        self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
 
     def quote(self, target: ModelTarget, at: datetime) -> PriceQuote:
         # Prices change by day at the finest; cache per (model, day), bounded.
@@ -82,7 +84,15 @@ class Accounting:
         claims = []
         budget = policy.policy.tenants[ctx.tenant].budget
         if budget is not None:
-            claims.append(tenant_claim(ctx.tenant, budget, now))
+            # Same claim for every request of a tenant's day: build it (Decimal to
+            # pico-dollars, labels) once, not per request.
+            key = (ctx.tenant, budget.usd, budget.period, now.date())
+            claim = self._claims.get(key)
+            if claim is None:
+                if len(self._claims) > 4096:
+                    self._claims.clear()
+                claim = self._claims[key] = tenant_claim(ctx.tenant, budget, now)
+            claims.append(claim)
         if task is not None:
             claims.append(BudgetClaim(task.budget_id, f"task:{task.id}", f"task `{task.id}`"))
         return claims

@@ -8,11 +8,11 @@ PICO_PER_USD = 10**12
 
 
 def usd(pico: int, places: int = 6) -> str:
-    """Exact decimal string, at least `places` decimals, more when needed: never a float."""
-    value = Decimal(pico).scaleb(-12).normalize()
-    exponent = value.as_tuple().exponent
-    digits = max(places, -exponent if isinstance(exponent, int) else places)
-    return f"{value:.{digits}f}"
+    """Exact decimal string, at least `places` decimals, more when needed: never a float.
+    Integer arithmetic: this formats a header on every response."""
+    whole, fraction = divmod(abs(pico), PICO_PER_USD)
+    decimals = f"{fraction:012d}".rstrip("0").ljust(places, "0")
+    return f"{'-' if pico < 0 else ''}{whole}.{decimals}"
 
 
 def pico_from_usd(amount: Decimal | str) -> int:

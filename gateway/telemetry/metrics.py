@@ -3,6 +3,8 @@ tenant and model names come from the policy, status is a small fixed set."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -30,6 +32,17 @@ class Metrics:
                                        ["tenant", "kind"], registry=r)
         self.escalations = Counter("gateway_escalations", "Route escalations by verifiable reason", ["route", "reason"], registry=r)
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served", registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def of(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, remembered: prometheus_client validates and locks on
+        every `labels()` call, ~4 us each and ~10 per request. Label sets are bounded
+        (policy names and fixed sets), so the memo is too."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -213,6 +213,14 @@ def test_usd_is_exact_with_at_least_six_decimals(pico: int, text: str) -> None:
     assert usd(pico) == text
 
 
+def test_usd_reads_back_as_exactly_the_amount() -> None:
+    rng = random.Random(5)
+    for pico in [rng.randint(-10**16, 10**16) for _ in range(20_000)] + [rng.randint(0, 10**9) * 10**6 for _ in range(2_000)]:
+        text = usd(pico)
+        assert Decimal(text) == Decimal(pico).scaleb(-12), pico
+        assert len(text.partition(".")[2]) >= 6
+
+
 # ---- self-hosted GPU-hour rates --------------------------------------------------------
 
 
