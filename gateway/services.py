@@ -160,6 +160,7 @@ class Services:
         await self.tools.client.aclose()
         if self.redis is not None:
             await self.redis.aclose()
+        await self.accounting.flush()  # settlements still committing in the background
         await self.writer.stop()
         self.writer.engine.dispose()
         self.reader.dispose()

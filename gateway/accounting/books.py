@@ -3,6 +3,7 @@ budget that applies, and settle each attempt at the price in effect when it ran.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class Accounting:
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
         self.headroom = Headroom()
+        self._pending: set[asyncio.Task[None]] = set()  # settlements committing in the background
         self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
 
     def quote(self, target: ModelTarget, at: datetime) -> PriceQuote:
@@ -178,8 +180,10 @@ class Accounting:
         )
         return await self.ledger.reserve(request, ctx.claims)
 
-    async def settle(self, ctx: RequestContext) -> Settlement:
-        """Book every attempt; end the holds unless an attempt's usage is still unknown."""
+    async def settle(self, ctx: RequestContext, *, wait: bool = True) -> Settlement:
+        """Book every attempt; end the holds unless an attempt's usage is still unknown.
+        `wait`: return once the booking is committed; otherwise it commits in the
+        background (see `settle_or_spool`)."""
         hold = ctx.holds[0] if ctx.holds else None
         events, cost, saved, tokens = [], 0, 0, 0
         pending = False
@@ -198,20 +202,42 @@ class Accounting:
         now = datetime.now(UTC)
         # No refund while usage is unknown: the hold stays until the sweeper ends it.
         holds, charged, used = ([], 0, 0) if pending else (ctx.holds, cost, tokens)
-        await self.settle_or_spool(ctx.request_id, holds, charged, used, events, now)
+        await self.settle_or_spool(ctx.request_id, holds, charged, used, events, now, wait=wait)
         return Settlement(cost, saved, pending)
 
     async def settle_or_spool(self, request_id: str, holds: list[Hold], charged: int, used: int,
-                              events: list[dict[str, Any]], now: datetime) -> None:
+                              events: list[dict[str, Any]], now: datetime, *, wait: bool = True) -> None:
         """Book what was already answered: into the ledger, or - while it is down - into
-        the local spool the sweeper replays, so no answered call goes unbooked."""
+        the local spool the sweeper replays, so no answered call goes unbooked.
+
+        Not waiting is how an answer goes out without an fsync of its own: the hold was
+        durable before the call, and the settlement shares the commit of the next hold
+        (ledger writer's linger). A crash in between leaves the hold for the sweeper to
+        expire as `unconfirmed`, which reconciliation explains - as for a crash mid-call."""
+        booking = self._book(request_id, holds, charged, used, events, now, lazy=not wait)
+        if wait:
+            await booking
+            return
+        task = asyncio.get_running_loop().create_task(booking)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _book(self, request_id: str, holds: list[Hold], charged: int, used: int, events: list[dict[str, Any]],
+                    now: datetime, *, lazy: bool) -> None:
         try:
-            await self.ledger.settle(holds, charged, used, events, now)
+            await self.ledger.settle(holds, charged, used, events, now, lazy=lazy)
         except LedgerUnavailable:
             log.exception("ledger unavailable; settlement of %s spooled for replay", request_id)
             self.spool.write(holds, charged, used, events, now)
 
-    async def book_cache_hit(self, ctx: RequestContext, answer: CachedAnswer) -> None:
+    async def flush(self) -> None:
+        """Once this returns, every settlement handed over so far is committed (or spooled):
+        readers of the ledger in this process call it first."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        await self.ledger.writer.flush()
+
+    async def book_cache_hit(self, ctx: RequestContext, answer: CachedAnswer, *, wait: bool = True) -> None:
         """A hit costs nothing upstream; its row records what the upstream call it
         replaced would have cost now, as savings. No tokens: none were billed."""
         now = datetime.now(UTC)
@@ -226,7 +252,7 @@ class Accounting:
             "cached_tokens": 0, "cache_write_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cost_pico": 0,
             "saved_pico": saved, "price_source": "response cache", "created_at": now, "day": now.date().isoformat(),
             "timeline": orjson.dumps(ctx.timeline.as_offsets_ms()).decode(),
-        }], now)
+        }], now, wait=wait)
 
 
 def tenant_claim(tenant: str, budget: Budget, now: datetime) -> BudgetClaim:

@@ -165,7 +165,7 @@ class Ledger:
             raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}") from exc
 
     async def settle(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
-                     now: datetime, *, skip_booked: bool = False) -> bool:
+                     now: datetime, *, skip_booked: bool = False, lazy: bool = False) -> bool:
         """End the holds - charging `charged_pico` across them in order, releasing the
         rest - and book the events, in one transaction. Returns False if a hold had
         already ended (e.g. the sweeper expired it first)."""
@@ -187,7 +187,7 @@ class Ledger:
                 sql.executemany(INSERT_EVENT, [{**EVENT_DEFAULTS, **e} for e in events_left])
             return ended
 
-        return await self.writer.run(op)
+        return await self.writer.run(op, lazy=lazy)
 
     async def book(self, events: list[dict[str, Any]]) -> None:
         await self.settle([], 0, 0, events, datetime.now(UTC))

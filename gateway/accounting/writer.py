@@ -17,6 +17,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -30,6 +31,9 @@ from gateway.accounting.native import Native
 log = logging.getLogger("gateway.ledger")
 T = TypeVar("T")
 MAX_BATCH = 256
+# How long a batch of writes nobody waits on (settlements of answered calls) may wait
+# for a write somebody does wait on (a hold), to share its commit - and its fsync.
+LINGER_S = 0.005
 SAVEPOINT = "ledger_op"
 
 
@@ -50,6 +54,7 @@ class _Op(Generic[T]):
     future: asyncio.Future[T]
     loop: asyncio.AbstractEventLoop
     isolated: bool
+    lazy: bool = False
 
 
 class _Connection:
@@ -102,8 +107,9 @@ class _Connection:
 
 
 class GroupCommitWriter:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, linger_s: float = LINGER_S) -> None:
         self.engine = engine
+        self.linger_s = linger_s
         self._queue: queue.SimpleQueue[_Op[Any] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="ledger-writer", daemon=True)
         self._conn: _Connection | None = None  # the writer thread's alone
@@ -114,16 +120,21 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._thread.start()
 
-    async def run(self, fn: Callable[[Native], T], *, isolated: bool = False) -> T:
+    async def run(self, fn: Callable[[Native], T], *, isolated: bool = False, lazy: bool = False) -> T:
         """Run `fn` in the next group commit. `isolated`: `fn` may raise after writing,
-        so it gets a savepoint; plain appends skip that cost. Raises LedgerUnavailable
-        when the database did not take the write."""
+        so it gets a savepoint; plain appends skip that cost. `lazy`: nobody is waiting
+        on this write, so it may wait up to `linger_s` to share a later write's commit.
+        Raises LedgerUnavailable when the database did not take the write."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_Op(fn, future, loop, isolated))
+        self._queue.put(_Op(fn, future, loop, isolated, lazy))
         # Shielded: a request cancelled mid-write must not lose track of a write that
         # may still commit; the caller's cancellation is re-raised after the commit.
         return await asyncio.shield(future)
+
+    async def flush(self) -> None:
+        """Returns once every write queued before it is committed (or has failed)."""
+        await self.run(_nothing)
 
     async def stop(self) -> None:
         """Finish the queued writes, then close the connection."""
@@ -142,16 +153,27 @@ class GroupCommitWriter:
         if first is None:
             return None
         batch = [first]
+        if not self._gather(batch, block=False) and all(op.lazy for op in batch):
+            # Nobody waits on these: give a hold a moment to arrive and share the fsync.
+            self._gather(batch, block=True)
+        return batch
+
+    def _gather(self, batch: list[_Op[Any]], *, block: bool) -> bool:
+        """Add queued ops to `batch`; True if the writer is stopping. Blocking: wait (up
+        to `linger_s` in all) until an op somebody waits on has joined."""
+        deadline = time.monotonic() + self.linger_s
         while len(batch) < MAX_BATCH:
             try:
-                op = self._queue.get_nowait()
+                op = self._queue.get(timeout=max(0.0, deadline - time.monotonic())) if block else self._queue.get_nowait()
             except queue.Empty:
-                break
+                return False
             if op is None:
                 self._queue.put(None)  # finish this batch, then stop
-                break
+                return True
             batch.append(op)
-        return batch
+            if block and not op.lazy:
+                return self._gather(batch, block=False)
+        return False
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
         culprit: _Op[Any] | None = None
@@ -220,6 +242,10 @@ class GroupCommitWriter:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _nothing(sql: Native) -> None:
+    return None
 
 
 def _resolve(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

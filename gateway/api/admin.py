@@ -27,6 +27,14 @@ def admin_services(request: Request) -> Services:
     return services
 
 
+async def books_services(request: Request) -> Services:
+    """The services, for a handler that reads the ledger: answered calls whose
+    settlement is still committing in the background are in the books first."""
+    services = admin_services(request)
+    await services.accounting.flush()
+    return services
+
+
 def _day(value: str | None, name: str) -> date | None:
     if not value:
         return None
@@ -41,7 +49,7 @@ def build_admin_router() -> APIRouter:
 
     @router.get("/costs")
     async def costs(request: Request) -> Response:
-        services = admin_services(request)
+        services = await books_services(request)
         q = request.query_params
         try:
             group_by = parse_group_by(q.get("group_by"))
@@ -55,7 +63,7 @@ def build_admin_router() -> APIRouter:
 
     @router.get("/reconcile")
     async def reconcile(request: Request) -> Response:
-        services = admin_services(request)
+        services = await books_services(request)
         q = request.query_params
         provider, since = q.get("provider"), _day(q.get("since"), "since")
         if not provider or since is None:
@@ -75,7 +83,7 @@ def build_admin_router() -> APIRouter:
 
     @router.get("/routes")
     async def routes(request: Request) -> Response:
-        services = admin_services(request)
+        services = await books_services(request)
         since = _day(request.query_params.get("since"), "since")
         report = await anyio.to_thread.run_sync(route_report, services.reader, services.policies.current.policy,
                                                 services.accounting.catalog, since)
@@ -89,7 +97,7 @@ def build_admin_router() -> APIRouter:
 
     @router.post("/sweep")
     async def sweep(request: Request) -> Response:
-        services = admin_services(request)
+        services = await books_services(request)
         expired = await services.sweep()
         return Response(orjson.dumps({"expired": expired}), media_type="application/json")
 

@@ -308,11 +308,14 @@ class Pipeline:
         ctx.finished = True
         ctx.status = status
         ctx.timeline.mark("end")
+        # A task's books and its spent header must include this call: wait for the
+        # commit. Otherwise the answer need not wait for an fsync of its own.
+        wait = ctx.task_id is not None
         try:
             if ctx.cache_answer is not None:
-                await self.accounting.book_cache_hit(ctx, ctx.cache_answer)
+                await self.accounting.book_cache_hit(ctx, ctx.cache_answer, wait=wait)
             elif ctx.attempts:
-                settlement = await self.accounting.settle(ctx)
+                settlement = await self.accounting.settle(ctx, wait=wait)
                 ctx.cost_pico = settlement.cost_pico
             await self.parts.admission.settle(ctx, ctx.admitted)
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,14 +15,22 @@ import openai
 import pytest
 
 from gateway.cli import main as cli_main
+from tests.e2e.test_openai_sdk import wait_until
 from tests.support.processes import free_port
 from tests.support.stack import running_stack
+
+
+def booked_events(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM usage_events").fetchone()[0])
 
 
 def test_reconcile_command_reports_against_the_provider(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with running_stack(tmp_path) as stack:
         client = openai.OpenAI(base_url=stack.gateway, api_key=stack.key, max_retries=0)
         client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "bill me"}])
+        # The settlement commits just after the answer; the CLI reads the file itself.
+        wait_until(lambda: booked_events(stack.var_dir / "ledger.db") == 1)
         code = cli_main(["reconcile", "--provider", "hosted", "--since", datetime.now(UTC).date().isoformat(), "--quiet",
                          "--policy", str(stack.policy_path), "--database-url", f"sqlite:///{stack.var_dir / 'ledger.db'}"])
     out = capsys.readouterr().out

@@ -51,9 +51,10 @@ def test_429_storm_is_absorbed_within_deadline_and_retry_budget(storm_stack: Sta
     assert stats["by_status"].get("429", 0) > 0.2 * REQUESTS, "the simulator should really have sent a storm"
     assert attempts <= REQUESTS * 1.6 + 3, f"{attempts} upstream attempts overran the retry budget"
     engine = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
-    with engine.connect() as conn:
-        booked = conn.execute(text("SELECT count(*) FROM usage_events")).scalar_one()
-        rate_limited = conn.execute(text("SELECT count(*) FROM usage_events WHERE http_status = 429")).scalar_one()
+    # Settlements commit just after their answers: wait for the last ones, then compare.
+    wait_until(lambda: _count(engine, "SELECT count(*) FROM usage_events") >= attempts)
+    booked = _count(engine, "SELECT count(*) FROM usage_events")
+    rate_limited = _count(engine, "SELECT count(*) FROM usage_events WHERE http_status = 429")
     engine.dispose()
     assert booked == attempts, "every upstream attempt, failed ones included, is booked"
     assert rate_limited == stats["by_status"]["429"]
@@ -94,6 +95,11 @@ def _disconnect(fresh_stack: Stack) -> None:
         held = conn.execute(text("SELECT count(*) FROM reservations WHERE state = 'reserved'")).scalar_one()
     engine.dispose()
     assert held == 1, "usage of the cancelled call is unknown: its hold stays until the sweeper or reconciliation ends it"
+
+
+def _count(engine: Any, sql: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())
 
 
 def _status_count(engine: Any, status: str) -> int:

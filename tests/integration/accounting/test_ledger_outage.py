@@ -18,6 +18,7 @@ from gateway.auth.keys import new_api_key
 from gateway.settings import Settings
 from gateway.sim.hosted import create_hosted_app
 from tests.conftest import POSTGRES_DSN
+from tests.e2e.test_openai_sdk import wait_until
 from tests.support.policies import single_model_policy
 from tests.support.servers import run_asgi_in_thread
 
@@ -46,7 +47,9 @@ def test_database_outage_spools_settlements_and_replays_them_once(tmp_path: Path
             assert refused.status_code == 503 and "ledger" in refused.json()["error"]["message"]
             answered = chat(free, "during the outage")
             assert answered.status_code == 200, "an answer that needs no hold is still served"
-            assert list((tmp_path / "var").glob("ledger-spool-*.jsonl")), "its settlement waits in the spool"
+            # Its settlement commits after the answer (it needs no fsync of its own), so
+            # it lands in the spool a moment later.
+            wait_until(lambda: bool(list((tmp_path / "var").glob("ledger-spool-*.jsonl"))))
 
             with psycopg.connect(f"{POSTGRES_DSN}/test", autocommit=True) as admin:
                 admin.execute(f'CREATE DATABASE "{name}"')

@@ -172,3 +172,41 @@ def test_stop_closes_the_connection(engine: Engine) -> None:
     with pytest.raises(sqlite3.ProgrammingError):
         raw.execute("SELECT 1")
     engine.dispose()
+
+
+def test_a_write_nobody_waits_on_shares_the_next_waited_write_commit(engine: Engine) -> None:
+    """A settlement (lazy) queued alone waits for the next hold and rides its commit:
+    one commit - one fsync - for both."""
+
+    async def body(writer: GroupCommitWriter) -> int:
+        writer.linger_s = 5.0  # far longer than the test needs: the hold ends the wait, not the clock
+        settle = asyncio.ensure_future(writer.run(mark(1), lazy=True))
+        await asyncio.sleep(0)  # queued first, alone
+        before = writer.batches
+        await writer.run(mark(2))
+        await settle
+        return writer.batches - before
+
+    assert with_writer(engine, body) == 1
+    assert marks(engine) == [1, 2]
+
+
+def test_a_lone_lazy_write_is_committed_after_the_linger(engine: Engine) -> None:
+    async def body(writer: GroupCommitWriter) -> None:
+        writer.linger_s = 0.01
+        await writer.run(mark(7), lazy=True)
+
+    with_writer(engine, body)
+    assert marks(engine) == [7]
+
+
+def test_flush_returns_once_earlier_lazy_writes_are_committed(engine: Engine) -> None:
+    async def body(writer: GroupCommitWriter) -> list[int]:
+        writer.linger_s = 5.0
+        pending = asyncio.ensure_future(writer.run(mark(3), lazy=True))
+        await asyncio.sleep(0)
+        await writer.flush()
+        assert pending.done()
+        return marks(engine)
+
+    assert with_writer(engine, body) == [3]
