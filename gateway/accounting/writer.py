@@ -134,7 +134,8 @@ class GroupCommitWriter:
 
     async def flush(self) -> None:
         """Returns once every write queued before it is committed (or has failed)."""
-        await self.run(_nothing)
+        if self._thread.is_alive():  # not started (or already stopped): nothing can be pending
+            await self.run(_nothing)
 
     async def stop(self) -> None:
         """Finish the queued writes, then close the connection."""
