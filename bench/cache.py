@@ -20,7 +20,6 @@ import asyncio
 import math
 import os
 import random
-import shlex
 import sys
 import time
 from contextlib import ExitStack
@@ -48,7 +47,7 @@ from bench.gwstack import (
     install_signal_handlers,
     workspace,
 )
-from bench.report import ROOT, git_commit, machine_info, markdown_table, write_json
+from bench.report import ROOT, args_config, markdown_table, run_header, write_json
 from bench.stats import percentile
 from bench.workload import WORDS
 from gateway.accounting.tokens import count_chat_tokens
@@ -391,15 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     install_signal_handlers()
     items, prompts = build_workload(args)
     prompt_tokens = [count_chat_tokens([{"role": "system", "content": p}]) for p in prompts]
-    report: dict[str, Any] = {
-        "benchmark": "cache",
-        "command": shlex.join(sys.orig_argv),
-        "git": git_commit(),
-        "machine": machine_info(),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        | {"system_prompt_tokens_o200k": prompt_tokens, "request_timeout_s": REQUEST_TIMEOUT_S,
-           "price_usd_per_1m": PRICE, "event_loop": "uvloop"},
-    }
+    report: dict[str, Any] = run_header("cache", args_config(args) | {
+        "system_prompt_tokens_o200k": prompt_tokens, "request_timeout_s": REQUEST_TIMEOUT_S,
+        "price_usd_per_1m": PRICE, "event_loop": "uvloop"})
     with workspace("gateway-bench-cache-") as workdir, ExitStack() as exits:
         pinned = not args.no_pin and procs.can_pin()
         stack = Stack(workdir, exits, pinned)

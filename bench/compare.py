@@ -21,7 +21,6 @@ import json
 import math
 import os
 import secrets
-import shlex
 import signal
 import sys
 import time
@@ -49,7 +48,7 @@ from bench.overhead import (
     add_load_options,
     check_load_options,
 )
-from bench.report import git_commit, machine_info, markdown_table, write_json
+from bench.report import args_config, markdown_table, run_header, write_json
 from bench.stats import summarize
 from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
 from gateway.auth.keys import key_digest, new_api_key
@@ -395,12 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     pinned = not args.no_pin and procs.can_pin()
     report: dict[str, Any] = {
-        "benchmark": "compare",
-        "command": shlex.join(sys.orig_argv),
-        "git": git_commit(),
-        "machine": machine_info(),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        | {"prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"},
+        **run_header("compare", args_config(args) | {
+            "prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"}),
         "pinning": {
             "used": pinned,
             "proxy_cpu": PROXY_CPU if pinned else None,

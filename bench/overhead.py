@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import math
 import os
-import shlex
 import signal
 import sys
 import time
@@ -32,7 +31,15 @@ import uvloop
 from bench import procs
 from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
-from bench.report import OVERHEAD_COLUMNS, ROOT, RUN_COLUMNS, git_commit, machine_info, markdown_table, write_json
+from bench.report import (
+    OVERHEAD_COLUMNS,
+    ROOT,
+    RUN_COLUMNS,
+    args_config,
+    markdown_table,
+    run_header,
+    write_json,
+)
 from bench.stats import RunSamples, added_latency, summarize
 from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
 from gateway.auth.keys import key_digest, new_api_key
@@ -238,14 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     # even when started from a shell that ignores SIGINT for background jobs.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    report: dict[str, Any] = {
-        "benchmark": "overhead",
-        "command": shlex.join(sys.orig_argv),
-        "git": git_commit(),
-        "machine": machine_info(),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        | {"prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"},
-    }
+    report: dict[str, Any] = run_header("overhead", args_config(args) | {
+        "prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"})
     with workspace("gateway-bench-") as workdir, ExitStack() as exits:
         stack = Stack(args, workdir, exits)
         if stack.pinned:

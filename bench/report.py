@@ -3,11 +3,14 @@ terminal, and a JSON file under bench/out/."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import platform
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,6 +18,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "out"
+
+
+def run_header(benchmark: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """How every report starts: the benchmark, the exact command, the commit, the machine
+    and the configuration it ran with."""
+    return {"benchmark": benchmark, "command": shlex.join(sys.orig_argv), "git": git_commit(), "machine": machine_info(),
+            "config": dict(config)}
+
+
+def args_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Command-line options as JSON-ready values."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
 def git_commit() -> dict[str, Any]:

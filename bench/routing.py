@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shlex
 import signal
 import sys
 import time
@@ -38,7 +37,7 @@ import yaml
 
 from bench import procs
 from bench.gwstack import workspace
-from bench.report import ROOT, git_commit, machine_info, markdown_table, write_json
+from bench.report import ROOT, markdown_table, run_header, write_json
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.verify import Check, Verifier
 
@@ -307,13 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     tasks = build_tasks(args.tasks, args.seed)
-    report: dict[str, Any] = {
-        "benchmark": "routing", "command": shlex.join(sys.orig_argv), "git": git_commit(), "machine": machine_info(),
-        "config": {"tasks": args.tasks, "concurrency": args.concurrency, "seed": args.seed, "prices_per_1m": PRICES,
-                   "quality_profiles": PROFILES, "escalate_when": ESCALATE_WHEN,
-                   "kinds": dict(Counter(kind for kind, _ in tasks)),
-                   "target": {"success_ratio_min": TARGET_SUCCESS_RATIO, "cost_ratio_max": TARGET_COST_RATIO}},
-    }
+    report: dict[str, Any] = run_header("routing", {
+        "tasks": args.tasks, "concurrency": args.concurrency, "seed": args.seed, "prices_per_1m": PRICES,
+        "quality_profiles": PROFILES, "escalate_when": ESCALATE_WHEN, "kinds": dict(Counter(kind for kind, _ in tasks)),
+        "target": {"success_ratio_min": TARGET_SUCCESS_RATIO, "cost_ratio_max": TARGET_COST_RATIO}})
     with workspace("gateway-routing-") as workdir, ExitStack() as exits:
         stack = Stack(workdir, exits, args.seed)
         escalating = stack.start_gateway()

@@ -30,7 +30,6 @@ import csv
 import math
 import os
 import random
-import shlex
 import sys
 import time
 from contextlib import ExitStack
@@ -58,7 +57,7 @@ from bench.gwstack import (
     workspace,
 )
 from bench.loadgen import StreamCheck
-from bench.report import ROOT, git_commit, machine_info, markdown_table, write_json
+from bench.report import ROOT, args_config, markdown_table, run_header, write_json
 from bench.stats import percentile
 from bench.workload import WORDS
 from gateway.accounting.tokens import count_chat_tokens
@@ -536,11 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     limits |= {"tenant_rpm": max(1, math.floor(limits["rpm"] * args.tenant_share)),
                "tenant_tpm": max(1, math.floor(limits["tpm"] * args.tenant_share))}
     report: dict[str, Any] = {
-        "benchmark": "trace_replay",
-        "command": shlex.join(sys.orig_argv),
-        "git": git_commit(),
-        "machine": machine_info(),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()} | {"event_loop": "uvloop"},
+        **run_header("trace_replay", args_config(args) | {"event_loop": "uvloop"}),
         "trace": trace_info,
         "peak_1x": peak,
         "overload_limits": limits,
