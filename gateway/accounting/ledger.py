@@ -189,9 +189,6 @@ class Ledger:
 
         return await self.writer.run(op, lazy=lazy)
 
-    async def book(self, events: list[dict[str, Any]]) -> None:
-        await self.settle([], 0, 0, events, datetime.now(UTC))
-
     async def expire_orphans(self, now: datetime) -> int:
         """Holds whose request never settled (a crash, a lost stream) past their expiry.
         With no usage to go on they are charged their full worst-case amount - the

@@ -168,8 +168,12 @@ class Tokenizers:
             encoder = await asyncio.get_running_loop().run_in_executor(None, self.load, name)
         return encoder
 
+    def _load_all(self, names: list[str]) -> None:
+        for name in names:
+            self.load(name)
+
     def preload(self, names: Iterable[str]) -> threading.Thread:
         """Load in the background, so start-up does not wait for encodings."""
-        thread = threading.Thread(target=lambda: [self.load(n) for n in sorted(set(names))], name="tokenizers", daemon=True)
+        thread = threading.Thread(target=self._load_all, args=(sorted(set(names)),), name="tokenizers", daemon=True)
         thread.start()
         return thread
