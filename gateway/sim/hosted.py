@@ -35,6 +35,9 @@ class HostedSimulator(RoutedApp):
             ("POST", "/v1/completions"): partial(hosted_inference.completions, self.state),
             ("POST", "/v1/embeddings"): partial(hosted_inference.embeddings, self.state),
             ("GET", "/v1/models"): self._models,
+            # OpenAI has none, but most OpenAI-compatible servers (vLLM, TGI, SGLang) do,
+            # and routers that health-check their workers (vllm-router) ask for it.
+            ("GET", "/health"): self._health,
             ("GET", "/v1/organization/usage/completions"): partial(self._report, "completions"),
             ("GET", "/v1/organization/usage/embeddings"): partial(self._report, "embeddings"),
             ("GET", "/v1/organization/costs"): partial(self._report, "costs"),
@@ -70,6 +73,9 @@ class HostedSimulator(RoutedApp):
 
     def _model_object(self, model: str) -> dict[str, Any]:
         return {"id": model, "object": "model", "created": MODEL_CREATED, "owned_by": "system"}
+
+    async def _health(self, request: HttpRequest, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"status": "ok"})
 
     async def _models(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         data = [self._model_object(m) for m in self.config.models]

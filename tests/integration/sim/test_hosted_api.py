@@ -212,6 +212,7 @@ def test_automatic_prompt_caching(start_hosted: Callable[..., RunningHosted]) ->
 def test_models_and_runtime_config(start_hosted: Callable[..., RunningHosted]) -> None:
     sim = start_hosted(models=["a-model", "b-model"])
     assert [m.id for m in sdk(sim).models.list()] == ["a-model", "b-model"]
+    assert httpx.get(f"{sim.url}/health").json() == {"status": "ok"}  # what worker health checks ask
     assert httpx.post(f"{sim.url}/sim/config", json={"no_such_field": 1}).status_code == 400
     assert httpx.post(f"{sim.url}/sim/config", json={"rpm": "many"}).status_code == 400
     assert httpx.post(f"{sim.url}/sim/config", json={"rpm": 5, "output_tokens": 3}).json()["rpm"] == 5
