@@ -65,6 +65,7 @@ tenants:
     api_keys: ["{digest}"]
     budget: {{usd: "1000000.00", period: month}}
 """
+BUDGET_LINE = '    budget: {usd: "1000000.00", period: month}\n'  # a durable hold on every call
 
 
 def add_load_options(parser: argparse.ArgumentParser, duration: float, concurrency: str) -> None:
@@ -99,6 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 0.5 s warm-up, concurrency 1,16")
     parser.add_argument("--workers", type=int, default=1, help="gateway uvicorn workers (default 1)")
     parser.add_argument("--database-url", help="gateway DATABASE_URL (default: SQLite in a temporary GATEWAY_VAR_DIR)")
+    parser.add_argument("--redis-url", help="gateway REDIS_URL: shared buckets and caches, as replicas run (default: in-process)")
+    parser.add_argument("--no-budget", action="store_true",
+                        help="tenant without a budget: no durable hold per call (shows what the hold's commit costs)")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.concurrency = 3.0, 0.5, "1,16"
@@ -139,11 +143,14 @@ class Stack:
 
     def _start_gateway(self) -> tuple[procs.Spawned, dict[str, float]]:
         policy = self.workdir / "policy.yaml"
-        policy.write_text(POLICY.format(sim_port=self.sim_port, digest=key_digest(self.api_key)))
+        text = POLICY.format(sim_port=self.sim_port, digest=key_digest(self.api_key))
+        policy.write_text(text.replace(BUDGET_LINE, "") if self.args.no_budget else text)
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_POLICY")}
         env |= {"GATEWAY_VAR_DIR": str(self.workdir / "var"), "BENCH_SIM_API_KEY": SIM_KEY}
         if self.args.database_url:
             env["DATABASE_URL"] = self.args.database_url
+        if self.args.redis_url:
+            env["REDIS_URL"] = self.args.redis_url
         argv = ["serve", "--policy", str(policy), "--host", "127.0.0.1", "--port", str(self.gateway_port),
                 "--workers", str(self.args.workers)]
         gateway = self._spawn("gateway", argv, env, GATEWAY_CPU)
