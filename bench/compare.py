@@ -1,15 +1,14 @@
-"""Our gateway vs the LiteLLM proxy, side by side in one run, both in front of the same simulator.
+"""Our gateway vs other LLM proxies, side by side in one run, all in front of the same simulator.
 
-Starts the hosted simulator once (CPU 1, with the load generator), then one proxy at a
-time on CPU 0: our gateway (bench/overhead.py's policy: one tenant with a budget, so the
-durable reservation is on the path), then the LiteLLM proxy (pinned release from
-bench/litellm_venv.py, `--num_workers 1`, no database, no master key, offline cost map).
-While each proxy is up, every mode x concurrency runs direct-to-simulator and through the
-proxy back to back (so each proxy has its own direct baseline under the same noise).
-Prints one Markdown table with ours/litellm ratios and writes bench/out/compare-<timestamp>.json.
+Starts the hosted simulator once (CPU 1, with the load generator; `--require-auth`, so a
+proxy that drops the client's key gets 401s), then one proxy at a time on CPU 0 (bench/peers.py):
+ours, the LiteLLM proxy, the Portkey AI gateway, vllm-router. While each proxy is up, every
+mode x concurrency runs direct-to-simulator and through the proxy back to back (so each proxy
+has its own direct baseline under the same noise). Prints one Markdown table with an
+ours/<peer> ratio row per peer and writes bench/out/compare-<timestamp>.json.
 
-    .venv/bin/python bench/compare.py            # 8 s runs, 2 s warm-up, concurrency 1,16, both modes
-    .venv/bin/python bench/compare.py --quick    # 3 s runs, 0.5 s warm-up
+    .venv/bin/python bench/compare.py                      # ours and litellm; 8 s runs, 2 s warm-up, c=1,16, both modes
+    .venv/bin/python bench/compare.py --quick --proxies all   # all four peers; 3 s runs, 0.5 s warm-up
     .venv/bin/python bench/compare.py --from-json bench/out/compare-<timestamp>.json   # reprint a table
 """
 
@@ -20,7 +19,6 @@ import asyncio
 import json
 import math
 import os
-import secrets
 import signal
 import sys
 import time
@@ -33,14 +31,12 @@ if __package__ in (None, ""):
 
 import uvloop
 
-from bench import litellm_venv, procs
+from bench import peers, procs
 from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
 from bench.overhead import (
     CHAT_PATH,
-    GATEWAY_CPU,
     LOAD_CPU,
-    POLICY,
     READY_TIMEOUT_S,
     SETTLE_S,
     SIM_KEY,
@@ -48,50 +44,30 @@ from bench.overhead import (
     add_load_options,
     check_load_options,
 )
+from bench.peers import PEERS, PROXY_CPU, Proxy
 from bench.report import args_config, markdown_table, run_header, write_json
 from bench.stats import summarize
 from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
-from gateway.auth.keys import key_digest, new_api_key
-
-PROXY_CPU = GATEWAY_CPU
-LITELLM_READY_TIMEOUT_S = 180.0  # first import of litellm[proxy] is slow
-LITELLM_CONFIG = """\
-model_list:
-  - model_name: bench-model
-    litellm_params:
-      model: openai/bench-model
-      api_base: http://127.0.0.1:{sim_port}/v1
-      api_key: {sim_key}
-litellm_settings:
-  telemetry: false
-  drop_params: true
-  set_verbose: false
-  json_logs: false
-general_settings:
-  disable_spend_logs: true
-  disable_reset_budget: true
-"""
-PROXIES = ("ours", "litellm")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_load_options(parser, duration=8.0, concurrency="1,16")
-    parser.add_argument("--proxies", default="ours,litellm", help="comma-separated: ours, litellm (in this order)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 0.5 s warm-up")
     parser.add_argument(
-        "--litellm-master-key",
-        action="store_true",
-        help="run LiteLLM with a random master key (auth on the path, like ours) instead of none",
+        "--proxies",
+        default="ours,litellm",
+        help=f"comma-separated, measured in the order given, from: {', '.join(PEERS)}; or all (default ours,litellm)",
     )
-    parser.add_argument("--litellm-venv", type=Path, default=litellm_venv.VENV_DIR, help="venv for the LiteLLM proxy")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 3 s runs, 0.5 s warm-up")
+    peers.add_options(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup = 3.0, 0.5
     check_load_options(parser, args)
-    args.proxies = [p.strip() for p in args.proxies.split(",") if p.strip()]
-    if not set(args.proxies) <= set(PROXIES) or not args.proxies:
-        parser.error("--proxies: ours and/or litellm")
+    names = [p.strip() for p in args.proxies.split(",") if p.strip()]
+    args.proxies = list(PEERS) if names == ["all"] else list(dict.fromkeys(names))
+    if not args.proxies or not set(args.proxies) <= set(PEERS):
+        parser.error(f"--proxies: all, or some of {', '.join(PEERS)}")
     return args
 
 
@@ -112,6 +88,7 @@ class Simulator:
             str(args.token_delay),
             "--latency",
             str(args.latency),
+            "--require-auth",  # 401 without a bearer key: a proxy must pass the simulator's key on
         ]
         self.proc = procs.Spawned("simulator", argv, dict(os.environ), workdir, LOAD_CPU if pinned else None)
         exits.callback(self.proc.stop)
@@ -119,103 +96,6 @@ class Simulator:
         # Its own first answer is slow (tokenizer load): take it before any proxy is timed.
         warm = Target("direct", self.port, CHAT_PATH, SIM_KEY, False, chat_body(False))
         procs.wait_until(self.proc, self.port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=warm.body, headers=warm.headers())
-
-
-class Proxy:
-    """One proxy under test on CPU 0; `stop()` ends it (also registered on the ExitStack)."""
-
-    name: str
-    api_key: str
-    ready_path: str
-
-    def __init__(self, workdir: Path, exits: ExitStack, pinned: bool) -> None:
-        self.workdir, self.pinned = workdir, pinned
-        self.port = procs.free_port()
-        argv, env = self.command()
-        self.proc = procs.Spawned(self.name, argv, env, workdir, PROXY_CPU if pinned else None)
-        exits.callback(self.proc.stop)
-        timeout = LITELLM_READY_TIMEOUT_S if self.name == "litellm" else READY_TIMEOUT_S
-        ready_s = procs.wait_until(self.proc, self.port, "GET", self.ready_path, timeout)
-        first_s = procs.wait_until(
-            self.proc, self.port, "POST", CHAT_PATH, timeout, body=chat_body(False), headers=self.target(False).headers()
-        )
-        self.startup = {"ready_path": self.ready_path, "ready_s": round(ready_s, 3), "first_chat_200_s": round(first_s, 3)}
-
-    def command(self) -> tuple[list[str], dict[str, str]]:
-        raise NotImplementedError
-
-    def target(self, stream: bool) -> Target:
-        return Target(self.name, self.port, CHAT_PATH, self.api_key, stream, chat_body(stream))
-
-    def memory(self) -> dict[str, int]:
-        return {"rss_kib": procs.memory_kib(self.proc.pid), "hwm_kib": procs.memory_kib(self.proc.pid, "VmHWM")}
-
-    def stop(self) -> None:
-        self.proc.stop()
-
-
-class OurGateway(Proxy):
-    name, ready_path = "ours", "/healthz"
-
-    def __init__(self, sim_port: int, *rest: Any) -> None:
-        self.sim_port, self.api_key = sim_port, new_api_key()
-        super().__init__(*rest)
-
-    def command(self) -> tuple[list[str], dict[str, str]]:
-        policy = self.workdir / "policy.yaml"
-        policy.write_text(POLICY.format(sim_port=self.sim_port, digest=key_digest(self.api_key)))
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_POLICY")}
-        env |= {"GATEWAY_VAR_DIR": str(self.workdir / "var"), "BENCH_SIM_API_KEY": SIM_KEY}
-        argv = [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--policy",
-            str(policy),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-        ]
-        return argv, env
-
-
-class LiteLLM(Proxy):
-    name, ready_path = "litellm", "/health/liveliness"
-
-    def __init__(self, sim_port: int, litellm_bin: Path, master_key: bool, *rest: Any) -> None:
-        self.sim_port, self.litellm_bin, self.master_key = sim_port, litellm_bin, master_key
-        # Without a master key the proxy checks no key at all; with one, only that key is accepted.
-        self.api_key = "sk-" + secrets.token_hex(32) if master_key else "sk-anything"
-        super().__init__(*rest)
-
-    def command(self) -> tuple[list[str], dict[str, str]]:
-        config = self.workdir / "litellm.yaml"
-        config.write_text(LITELLM_CONFIG.format(sim_port=self.sim_port, sim_key=SIM_KEY))
-        env = litellm_venv.runtime_env()
-        env.pop("VIRTUAL_ENV", None)
-        if self.master_key:
-            env["LITELLM_MASTER_KEY"] = self.api_key
-        else:
-            # 1.108.x refuses to boot without a master key (UnsafeMasterKeyError); this is its
-            # documented local-development override. Everything listens on 127.0.0.1 only.
-            env["LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY"] = "true"
-        env["PATH"] = f"{self.litellm_bin.parent}:{env.get('PATH', '')}"
-        argv = [
-            str(self.litellm_bin),
-            "--config",
-            str(config),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--num_workers",
-            "1",
-        ]
-        return argv, env
 
 
 def _cpu(proxy: Proxy, sim: Simulator) -> dict[str, float]:
@@ -304,8 +184,27 @@ def _ratio(a: Any, b: Any, digits: int = 2) -> float | None:
     return round(num / den, digits)
 
 
+def ratio_row(
+    name: str, mode: str, conc: int, ours: dict[str, Any], peer: dict[str, Any], po: dict[str, Any], pp: dict[str, Any]
+) -> dict[str, Any]:
+    """ours / peer for one mode x concurrency; RSS (after load) and start-up are per proxy."""
+    row: dict[str, Any] = {"target": f"**ours/{name}**", "mode": mode, "concurrency": conc}
+    for key, src in (
+        ("rps", "rps"),
+        ("p50_ms", "p50_ms"),
+        ("p99_ms", "p99_ms"),
+        ("ttft_p50_ms", "ttft_p50_ms"),
+        ("cpu_ms", "proxy_cpu_ms_per_req"),
+    ):
+        value = _ratio(ours.get(src), peer.get(src))
+        row[key] = f"{value}x" if value is not None else None
+    row["rss"] = f"{_ratio(po['memory_after_load']['rss_kib'], pp['memory_after_load']['rss_kib'])}x"
+    row["startup"] = f"{_ratio(po['startup']['first_chat_200_s'], pp['startup']['first_chat_200_s'])}x"
+    return row
+
+
 def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per mode x concurrency: each direct baseline, each proxy, then an ours/litellm row."""
+    """Per mode x concurrency: each proxy after its direct baseline, then an ours/<peer> row per peer."""
     proxies = report["proxies"]
     by_key = {(r["target"], r["mode"], r["concurrency"]): r for r in report["runs"]}
     out: list[dict[str, Any]] = []
@@ -334,22 +233,11 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                         row["rss"] = f"{p['memory_idle']['rss_kib'] / 1024:.0f} -> {p['memory_after_load']['rss_kib'] / 1024:.0f}"
                         row["startup"] = f"{p['startup']['first_chat_200_s']:.2f}"
                     out.append(row)
-            ours, lite = by_key.get(("ours", mode, conc)), by_key.get(("litellm", mode, conc))
-            if ours and lite:
-                ratio = {"target": "**ours/litellm**", "mode": mode, "concurrency": conc}
-                for key, src in (
-                    ("rps", "rps"),
-                    ("p50_ms", "p50_ms"),
-                    ("p99_ms", "p99_ms"),
-                    ("ttft_p50_ms", "ttft_p50_ms"),
-                    ("cpu_ms", "proxy_cpu_ms_per_req"),
-                ):
-                    value = _ratio(ours.get(src), lite.get(src))
-                    ratio[key] = f"{value}x" if value is not None else None
-                po, pl = proxies["ours"], proxies["litellm"]
-                ratio["rss"] = f"{_ratio(po['memory_after_load']['rss_kib'], pl['memory_after_load']['rss_kib'])}x"
-                ratio["startup"] = f"{_ratio(po['startup']['first_chat_200_s'], pl['startup']['first_chat_200_s'])}x"
-                out.append(ratio)
+            ours = by_key.get(("ours", mode, conc))
+            for name in cfg["proxies"]:
+                peer = by_key.get((name, mode, conc))
+                if name != "ours" and ours and peer and "ours" in proxies and name in proxies:
+                    out.append(ratio_row(name, mode, conc, ours, peer, proxies["ours"], proxies[name]))
     return out
 
 
@@ -373,14 +261,14 @@ def print_report(report: dict[str, Any]) -> None:
     machine, git = report["machine"], report["git"]
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
     print(
-        f"\n## Ours vs LiteLLM proxy ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']},"
+        f"\n## Ours vs {', '.join(n for n in report['config']['proxies'] if n != 'ours') or 'nothing'} ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']},"
         f" pinned: {report['pinning']['used']}, client: {report['config']['client']}, {versions},"
         f" {report['config']['duration']} s runs)\n"
     )
     print(markdown_table(COLUMNS, table_rows(report)))
     print(
         "\nproxy CPU ms/req: the proxy's process tree (/proc utime+stime) per completed request; ratio rows are"
-        " ours divided by litellm (lower is better except req/s). RSS and start-up are per proxy, not per run."
+        " ours divided by that peer (lower is better except req/s). RSS and start-up are per proxy, not per run."
         " others on CPU 0 %: CPU 0 time not used by the proxy during the run (the shared machine's noise)."
     )
 
@@ -394,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     pinned = not args.no_pin and procs.can_pin()
     report: dict[str, Any] = {
-        **run_header("compare", args_config(args) | {
-            "prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"}),
+        **run_header(
+            "compare",
+            args_config(args) | {"prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"},
+        ),
         "pinning": {
             "used": pinned,
             "proxy_cpu": PROXY_CPU if pinned else None,
@@ -405,11 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         "proxies": {},
         "runs": [],
     }
-    litellm_bin = None
+    paths, report["versions"] = peers.install(args)
     if "litellm" in args.proxies:
-        litellm_bin = litellm_venv.ensure(venv_dir=args.litellm_venv)
-        report["versions"]["litellm"] = litellm_venv.installed_version(args.litellm_venv)
-        report["litellm_config"] = LITELLM_CONFIG
+        report["litellm_config"] = peers.LITELLM_CONFIG
     failed: dict[str, str] = {}
     with workspace("compare-bench-") as workdir, ExitStack() as exits:
         sim = Simulator(args, workdir, exits, pinned)
@@ -419,12 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.proxies:
                 with ExitStack() as phase:  # one proxy at a time: stopped before the next starts
                     try:
-                        proxy: Proxy
-                        if name == "ours":
-                            proxy = OurGateway(sim.port, workdir, phase, pinned)
-                        else:
-                            assert litellm_bin is not None
-                            proxy = LiteLLM(sim.port, litellm_bin, args.litellm_master_key, workdir, phase, pinned)
+                        proxy = peers.start(name, args, paths, sim.port, workdir, phase, pinned)
                     except (RuntimeError, TimeoutError) as exc:
                         failed[name] = str(exc)
                         print(f"{name} failed to start: {exc}", file=sys.stderr, flush=True)
@@ -437,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                     idle = proxy.memory()
                     report["runs"] += runner.run(run_phase(args, proxy, sim))
                     report["proxies"][name] = {
+                        "argv": proxy.argv,
+                        "extra_headers": dict(proxy.extra_headers),
                         "startup": proxy.startup,
                         "memory_idle": idle,
                         "memory_after_load": proxy.memory(),

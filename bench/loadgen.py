@@ -32,6 +32,7 @@ class Target:
     api_key: str
     stream: bool
     body: bytes
+    extra_headers: tuple[tuple[str, str], ...] = ()  # sent after the standard ones (a tuple: Target stays hashable)
 
     @property
     def url(self) -> str:
@@ -39,7 +40,9 @@ class Target:
 
     def headers(self) -> dict[str, str]:
         accept = "text/event-stream" if self.stream else "application/json"
-        return {"Content-Type": "application/json", "Accept": accept, "Authorization": f"Bearer {self.api_key}"}
+        headers = {"Content-Type": "application/json", "Accept": accept, "Authorization": f"Bearer {self.api_key}"}
+        headers.update(self.extra_headers)
+        return headers
 
 
 class StreamCheck:
