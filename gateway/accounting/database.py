@@ -70,11 +70,25 @@ def _v2_route_verdicts(conn: Connection) -> None:
             conn.exec_driver_sql(f"ALTER TABLE usage_events ADD COLUMN {name} VARCHAR(300)")
 
 
+# Indexes no query used, written on every hold and settlement (see tables.py).
+_V3_DROPPED = ("ix_reservations_request_id", "ix_reservations_tenant", "ix_reservations_task_id", "ix_reservations_state",
+               "ix_reservations_expires_at", "ix_usage_events_reservation_id", "ix_usage_events_task_id",
+               "ix_usage_events_provider_request_id")
+
+
+def _v3_lean_indexes(conn: Connection) -> None:
+    for name in _V3_DROPPED:
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+    for index in (*Reservation.__table__.indexes, *UsageEvent.__table__.indexes):  # type: ignore[attr-defined]
+        index.create(conn, checkfirst=True)
+
+
 # Append only; never edit a shipped migration. Each must be safe on a database that
 # already has what it adds (fresh databases get the current tables in v1).
 MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1_initial),
     (2, _v2_route_verdicts),
+    (3, _v3_lean_indexes),
 ]
 
 

@@ -1,12 +1,16 @@
 """Ledger tables. Money is integer pico-dollars (1e-12 USD): a per-1M-token price with
 up to six decimals times a token count is then an exact integer, with no float anywhere.
-BIGINT holds 9.2 million USD per row or per budget counter."""
+BIGINT holds 9.2 million USD per row or per budget counter.
+
+Every index on `reservations` and `usage_events` is written inside the commit a request
+waits for before its upstream call (a hold's and a settlement's pages go to the WAL
+and are fsynced together), so these tables carry only the indexes a query uses."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Column, Index, Text
+from sqlalchemy import BigInteger, Column, Index, Text, text
 from sqlmodel import Field, SQLModel
 
 
@@ -27,16 +31,22 @@ class Budget(SQLModel, table=True):
     tokens_used: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
 
 
+OPEN = text("state = 'reserved'")
+WITH_TASK = text("task_id IS NOT NULL")
+
+
 class Reservation(SQLModel, table=True):
     """Worst-case cost held against budgets before the upstream call; ends exactly once
     as settled, released or expired."""
 
     __tablename__ = "reservations"
+    # The sweeper's question - which open holds are past expiry - and nothing else.
+    __table_args__ = (Index("ix_reservations_open", "expires_at", sqlite_where=OPEN, postgresql_where=OPEN),)
     id: str = Field(primary_key=True, max_length=40)
-    request_id: str = Field(max_length=40, index=True)
-    tenant: str = Field(max_length=128, index=True)
+    request_id: str = Field(max_length=40)
+    tenant: str = Field(max_length=128)
     key_id: str = Field(max_length=40)
-    task_id: str | None = Field(default=None, max_length=40, index=True)
+    task_id: str | None = Field(default=None, max_length=40)
     model: str = Field(max_length=128)
     upstream_model: str = Field(default="", max_length=200)
     upstream: str = Field(max_length=128)
@@ -46,9 +56,9 @@ class Reservation(SQLModel, table=True):
     tokens: int = Field(sa_column=Column(BigInteger, nullable=False))
     prompt_tokens_est: int = 0
     settled_pico: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
-    state: str = Field(default="reserved", max_length=16, index=True)
+    state: str = Field(default="reserved", max_length=16)
     created_at: datetime
-    expires_at: datetime = Field(index=True)
+    expires_at: datetime
     ended_at: datetime | None = None
 
 
@@ -56,21 +66,24 @@ class UsageEvent(SQLModel, table=True):
     """One row per upstream attempt (and per cache hit or tool call), whatever its outcome."""
 
     __tablename__ = "usage_events"
-    __table_args__ = (Index("ix_usage_day_tenant_model", "day", "tenant", "model"),)
+    __table_args__ = (
+        Index("ix_usage_day_tenant_model", "day", "tenant", "model"),
+        Index("ix_usage_events_task", "task_id", sqlite_where=WITH_TASK, postgresql_where=WITH_TASK),  # a task's calls
+    )
     id: int | None = Field(default=None, primary_key=True)
     request_id: str = Field(max_length=40, index=True)
     attempt: int = 1
-    reservation_id: str | None = Field(default=None, max_length=40, index=True)
+    reservation_id: str | None = Field(default=None, max_length=40)
     tenant: str = Field(max_length=128)
     key_id: str = Field(max_length=40)
-    task_id: str | None = Field(default=None, max_length=40, index=True)
+    task_id: str | None = Field(default=None, max_length=40)
     kind: str = Field(default="model", max_length=16)  # model | cache_hit | tool
     endpoint: str = Field(max_length=40)
     model: str = Field(max_length=128)
     upstream_model: str = Field(default="", max_length=200)  # the name the provider bills under
     upstream: str = Field(max_length=128)
     replica: str | None = Field(default=None, max_length=300)
-    provider_request_id: str | None = Field(default=None, max_length=200, index=True)
+    provider_request_id: str | None = Field(default=None, max_length=200)
     route: str | None = Field(default=None, max_length=128)
     status: str = Field(max_length=16)  # ok | error | timeout | cancelled | cut | unconfirmed
     http_status: int | None = None

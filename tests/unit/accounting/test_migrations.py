@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from gateway.accounting.database import MIGRATIONS, make_engine, migrate
+from gateway.accounting.ledger import ORPHANS
 
 
 def test_v1_ledger_upgrades_in_place_and_keeps_its_rows(tmp_path: Path) -> None:
@@ -32,4 +33,36 @@ def test_v1_ledger_upgrades_in_place_and_keeps_its_rows(tmp_path: Path) -> None:
         assert conn.execute(text("SELECT cost_pico FROM usage_events WHERE request_id = 'req_old'")).scalar_one() == 123456
         versions = [r[0] for r in conn.execute(text("SELECT version FROM schema_version ORDER BY version"))]
     assert versions == [v for v, _ in MIGRATIONS]
+    engine.dispose()
+
+
+LEAN = {"reservations": {"ix_reservations_open"},
+        "usage_events": {"ix_usage_day_tenant_model", "ix_usage_events_request_id", "ix_usage_events_task"}}
+
+
+def _indexes(engine: Engine) -> dict[str, set[str]]:
+    found = inspect(engine)
+    return {table: {i["name"] for i in found.get_indexes(table) if i["name"]} for table in LEAN}
+
+
+def test_v2_ledger_loses_the_indexes_every_hold_paid_for_and_the_sweeper_keeps_its_own(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}", writer=True)
+    migrate(engine)
+    assert _indexes(engine) == LEAN  # a new ledger starts lean
+    with engine.begin() as conn:  # as schema v2 left it: an index per looked-up column, none partial
+        for name in ("ix_reservations_open", "ix_usage_events_task"):
+            conn.exec_driver_sql(f"DROP INDEX {name}")
+        for table, column in [("reservations", "request_id"), ("reservations", "tenant"), ("reservations", "task_id"),
+                              ("reservations", "state"), ("reservations", "expires_at"), ("usage_events", "task_id"),
+                              ("usage_events", "reservation_id"), ("usage_events", "provider_request_id")]:
+            conn.exec_driver_sql(f"CREATE INDEX ix_{table}_{column} ON {table} ({column})")
+        conn.exec_driver_sql("DELETE FROM schema_version WHERE version > 2")
+    assert migrate(engine) == migrate(engine) == max(v for v, _ in MIGRATIONS)
+    assert _indexes(engine) == LEAN
+    with engine.connect() as conn:
+        sweep = " ".join(str(r[-1]) for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {ORPHANS}", {"now": "2026-01-01"}))
+        calls = " ".join(str(r[-1]) for r in conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN SELECT request_id FROM usage_events WHERE task_id = :id", {"id": "task_1"}))
+    assert "ix_reservations_open" in sweep  # the sweeper reads open holds only, not every hold ever made
+    assert "ix_usage_events_task" in calls
     engine.dispose()
