@@ -107,6 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.duration, args.warmup, args.concurrency = 3.0, 0.5, "1,16"
     check_load_options(parser, args)
+    if args.workers > 1 and not args.redis_url:
+        parser.error("--workers above 1 needs --redis-url (the gateway refuses per-worker rate limits)")
     return args
 
 

@@ -34,6 +34,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     catalog = checked_catalog(policy)
     if catalog is None:
         return 1
+    if args.workers > 1 and not os.environ.get("REDIS_URL"):
+        print(f"error: --workers {args.workers} needs REDIS_URL: without it token buckets, concurrency limits, cooldowns"
+              " and caches live inside each worker, so every worker would admit a tenant's whole limit", file=sys.stderr)
+        return 2
     os.environ["GATEWAY_POLICY"] = str(Path(policy).resolve())
     app: str | HotPaths = "gateway.app:create_app"  # each worker process builds its own
     if args.workers == 1:

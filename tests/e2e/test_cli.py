@@ -20,6 +20,9 @@ from tests.support.processes import free_port
 from tests.support.stack import running_stack
 
 
+MINIMAL_POLICY = Path(__file__).resolve().parents[2] / "policies" / "minimal.yaml"
+
+
 def booked_events(path: Path) -> int:
     with sqlite3.connect(path) as conn:
         return int(conn.execute("SELECT count(*) FROM usage_events").fetchone()[0])
@@ -62,3 +65,12 @@ def test_sim_command_serves(kind: str, probe: str) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_serve_refuses_several_workers_without_shared_limits(tmp_path: Path) -> None:
+    # In-process buckets per worker would let each worker admit a tenant's whole limit.
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"GATEWAY_VAR_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(MINIMAL_POLICY), "--workers", "2",
+                           "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--workers 2 needs REDIS_URL" in done.stderr
