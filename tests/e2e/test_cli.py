@@ -19,7 +19,6 @@ from tests.e2e.test_openai_sdk import wait_until
 from tests.support.processes import free_port
 from tests.support.stack import running_stack
 
-
 MINIMAL_POLICY = Path(__file__).resolve().parents[2] / "policies" / "minimal.yaml"
 
 
