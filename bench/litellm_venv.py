@@ -18,6 +18,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import procs
 from bench.report import OUT_DIR
 
 LITELLM_VERSION = "1.108.7"
@@ -51,14 +52,7 @@ def runtime_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def installed_version(venv_dir: Path = VENV_DIR) -> str | None:
-    python = venv_dir / "bin" / "python"
-    if not python.exists():
-        return None
-    done = subprocess.run([str(python), "-m", "pip", "show", "litellm"], capture_output=True, text=True, timeout=120)
-    for line in done.stdout.splitlines():
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip()
-    return None
+    return procs.venv_package_version(venv_dir, "litellm")
 
 
 def ensure(version: str = LITELLM_VERSION, venv_dir: Path = VENV_DIR) -> Path:

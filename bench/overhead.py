@@ -291,8 +291,4 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; subprocesses stopped", file=sys.stderr)
-        sys.exit(130)
+    procs.run_script(main)

@@ -9,9 +9,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 POLL_INTERVAL_S = 0.02
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -151,3 +153,25 @@ def cpu_busy_seconds(cpu: int) -> float:
             guest = sum(ticks[8:])  # guest time is already counted in user
             return (sum(ticks) - idle - guest) / CLK_TCK
     raise ValueError(f"no cpu{cpu} in /proc/stat")
+
+
+def run_script(main: Callable[[], int]) -> NoReturn:
+    """A bench script's entry point: its exit status, or 130 after Ctrl-C (its
+    subprocesses are stopped by the finally blocks on the way out)."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; subprocesses stopped", file=sys.stderr)
+        sys.exit(130)
+
+
+def venv_package_version(venv_dir: Path, package: str) -> str | None:
+    """The version of `package` installed in the venv at `venv_dir`, or None."""
+    python = venv_dir / "bin" / "python"
+    if not python.exists():
+        return None
+    done = subprocess.run([str(python), "-m", "pip", "show", package], capture_output=True, text=True, timeout=120)
+    for line in done.stdout.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    return None

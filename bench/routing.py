@@ -324,8 +324,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; subprocesses stopped", file=sys.stderr)
-        sys.exit(130)
+    procs.run_script(main)
