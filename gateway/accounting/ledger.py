@@ -47,6 +47,14 @@ MOVE_TO_SPENT = (
 
 
 INSERT_RESERVATION = insert_sql("reservations", [c.name for c in Reservation.__table__.columns])  # type: ignore[attr-defined]
+# PostgreSQL, one round trip each. The hold records its reservation row whether the
+# budget takes it or not; a refused hold deletes it again (refusals are the rare case).
+HOLD_AND_RECORD = (f"WITH recorded AS ({INSERT_RESERVATION} RETURNING 1) "
+                   f"{HOLD.replace('WHERE id = :id', 'WHERE id = :budget_id')} RETURNING {LEFT}")
+FORGET_RESERVATION = "DELETE FROM reservations WHERE id = :id"
+END_AND_SPEND = (f"WITH ended AS ({END_RESERVATION} RETURNING 1), spent AS ("
+                 f"{MOVE_TO_SPENT.replace('WHERE id = :id', 'WHERE id = ANY(:budget_ids)')}"
+                 " AND EXISTS (SELECT 1 FROM ended) RETURNING 1) SELECT count(*) FROM ended")
 BOOKED = "SELECT 1 FROM usage_events WHERE request_id = :r AND attempt = :a AND kind = :k"
 EVENT_COLUMNS = [c for c in UsageEvent.__table__.columns if c.name != "id"]  # type: ignore[attr-defined]
 INSERT_EVENT = insert_sql("usage_events", [c.name for c in EVENT_COLUMNS])
@@ -131,7 +139,21 @@ class Ledger:
         # One request may hold more than once (a retry or an escalation): number them.
         hold_id = f"rsv_{request.request_id.removeprefix('req_')}_{request.sequence}"
 
+        row = dict(
+            id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
+            task_id=request.task_id, model=request.model, upstream_model=request.upstream_model, upstream=request.upstream, endpoint=request.endpoint,
+            budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
+            prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
+            expires_at=request.expires_at, settled_pico=None, ended_at=None)
+
         def op(sql: Native) -> Hold:
+            if sql.one_trip and len(claims) == 1:
+                claim = claims[0]
+                held_row = sql.fetchone(HOLD_AND_RECORD, {**row, "budget_id": claim.budget_id, "limit": claim.limit_pico,
+                                                          "amount": request.amount_pico})
+                if held_row is not None:
+                    return Hold(hold_id, request.amount_pico, request.tokens, (claim.budget_id,), held_row[0])
+                sql.execute(FORGET_RESERVATION, {"id": hold_id})  # then as below: create the budget, or refuse
             left: list[int] = []
             for claim in claims:
                 params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
@@ -146,12 +168,7 @@ class Ledger:
                     raise _refusal(sql, claim)
                 if claim_left is not None:
                     left.append(claim_left)
-            sql.execute(INSERT_RESERVATION, dict(
-                id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
-                task_id=request.task_id, model=request.model, upstream_model=request.upstream_model, upstream=request.upstream, endpoint=request.endpoint,
-                budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
-                prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
-                expires_at=request.expires_at, settled_pico=None, ended_at=None))
+            sql.execute(INSERT_RESERVATION, row)
             return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims), min(left, default=None))
 
         try:
@@ -213,6 +230,10 @@ class Ledger:
 
 def _end(sql: Native, hold_id: str, budget_ids: tuple[str, ...], amount: int, tokens: int,
          charged: int, used: int, state: str, now: datetime) -> bool:
+    if sql.one_trip:
+        ended = sql.fetchone(END_AND_SPEND, {"state": state, "charged": charged, "now": now, "id": hold_id,
+                                             "budget_ids": list(budget_ids), "amount": amount, "tokens": tokens, "used": used})
+        return ended is not None and ended[0] == 1
     if sql.execute(END_RESERVATION, {"state": state, "charged": charged, "now": now, "id": hold_id}) != 1:
         return False
     for budget_id in budget_ids:

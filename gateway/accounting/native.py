@@ -34,6 +34,9 @@ class Native:
         self._sqlite = sqlite
         # `UPDATE ... RETURNING`: PostgreSQL, and SQLite from 3.35.
         self.returning = returning
+        # Data-modifying statements inside WITH: PostgreSQL. Its statements are round
+        # trips to a server, so a hold or a settlement goes in one where it can.
+        self.one_trip = not sqlite
 
     @classmethod
     def on(cls, raw: DBAPIConnection, dialect: Dialect) -> Native:

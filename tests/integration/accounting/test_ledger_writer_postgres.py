@@ -94,3 +94,33 @@ def test_killed_connections_are_replaced(engine: Engine, postgres_url: str, capl
     with engine.connect() as conn:
         done = {v for (v,) in conn.execute(text("SELECT version FROM schema_version WHERE version > 100"))}
     assert done == {101, 102, 103}
+
+
+@pytest.mark.services
+def test_single_budget_holds_and_settlements_stay_exact_in_one_round_trip_each(engine: Engine) -> None:
+    # The common case - one budget - takes PostgreSQL's one-statement path: the first
+    # hold creates the budget, a refused hold leaves no reservation behind, and a hold
+    # settles exactly once.
+    async def main() -> tuple[Any, ...]:
+        writer = GroupCommitWriter(engine)
+        writer.start()
+        ledger = Ledger(writer)
+        try:
+            first = await ledger.reserve(request(1, 600), [WIDE])
+            second = await ledger.reserve(request(2, 300), [WIDE])
+            refused = await asyncio.gather(ledger.reserve(request(3, 200), [WIDE]), return_exceptions=True)
+            settled = await ledger.settle([first], 250, 7, [], NOW)
+            again = await ledger.settle([first], 250, 7, [], NOW)
+            return first, second, refused[0], settled, again
+        finally:
+            await writer.stop()
+
+    first, second, refused, settled, again = asyncio.run(main())
+    assert (first.headroom_pico, second.headroom_pico) == (400, 100)
+    assert isinstance(refused, BudgetExceeded)
+    assert (settled, again) == (True, False)
+    with engine.connect() as conn:
+        holds = dict(conn.execute(text("SELECT request_id, state FROM reservations")).all())
+        money = conn.execute(text("SELECT reserved_pico, spent_pico, tokens_reserved, tokens_used, calls_used FROM budgets")).one()
+    assert holds == {"req_1": "settled", "req_2": "reserved"}  # nothing left of the refused one
+    assert tuple(money) == (300, 250, 10, 7, 2)  # the settled hold moved to spent once; the open one still held
