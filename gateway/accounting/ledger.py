@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from gateway.accounting.native import Native, insert_sql
+from gateway.accounting.native import Native, Row, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, Refusal
 from gateway.errors import BudgetExceeded, NotReady
@@ -66,6 +66,8 @@ ORPHANS = (
     "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream_model, upstream, endpoint,"
     " prompt_tokens_est, created_at FROM reservations WHERE state = 'reserved' AND expires_at < :now"
 )
+# PostgreSQL, the common settlement (one hold, one event) in one round trip.
+BOOK_END_AND_SPEND = f"WITH booked AS ({INSERT_EVENT} RETURNING 1), {END_AND_SPEND.removeprefix('WITH ')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +190,10 @@ class Ledger:
         already ended (e.g. the sweeper expired it first)."""
 
         def op(sql: Native) -> bool:
+            if sql.one_trip and len(holds) == 1 and len(events) == 1 and not skip_booked:
+                hold, state = holds[0], "settled" if charged_pico else "released"
+                params = _end_params(hold, charged_pico, tokens_used, state, now)
+                return _ended(sql.fetchone(BOOK_END_AND_SPEND, {**EVENT_DEFAULTS, **events[0], **params}))
             ended = True
             cost, used = charged_pico, tokens_used
             for i, hold in enumerate(holds):
@@ -196,7 +202,7 @@ class Ledger:
                 take = used if last else min(used, hold.tokens)
                 cost, used = cost - charge, used - take
                 state = "settled" if charge else "released"
-                ended &= _end(sql, hold.id, hold.budget_ids, hold.amount_pico, hold.tokens, charge, take, state, now)
+                ended &= _end(sql, hold, charge, take, state, now)
             # A replay skips events an earlier try already committed, so each stays single.
             events_left = [e for e in events if not (skip_booked and sql.exists(
                 BOOKED, {"r": e["request_id"], "a": e["attempt"], "k": e.get("kind", "model")}))]
@@ -215,7 +221,8 @@ class Ledger:
         def op(sql: Native) -> int:
             rows = [_Orphan(*r) for r in sql.fetchall(ORPHANS, {"now": now})]
             for row in rows:
-                if _end(sql, row.id, tuple(row.budget_ids.split("\n")), row.amount_pico, row.tokens, row.amount_pico, 0, "expired", now):
+                hold = Hold(row.id, row.amount_pico, row.tokens, tuple(row.budget_ids.split("\n")))
+                if _end(sql, hold, row.amount_pico, 0, "expired", now):
                     created = _as_datetime(row.created_at)
                     sql.execute(INSERT_EVENT, {**EVENT_DEFAULTS, **dict(
                         request_id=row.request_id, attempt=0, reservation_id=row.id, tenant=row.tenant, key_id=row.key_id,
@@ -228,16 +235,23 @@ class Ledger:
         return int(await self.writer.run(op))
 
 
-def _end(sql: Native, hold_id: str, budget_ids: tuple[str, ...], amount: int, tokens: int,
-         charged: int, used: int, state: str, now: datetime) -> bool:
+def _end_params(hold: Hold, charged: int, used: int, state: str, now: datetime) -> dict[str, Any]:
+    return {"state": state, "charged": charged, "now": now, "id": hold.id, "budget_ids": list(hold.budget_ids),
+            "amount": hold.amount_pico, "tokens": hold.tokens, "used": used}
+
+
+def _ended(row: Row | None) -> bool:
+    return row is not None and row[0] == 1
+
+
+def _end(sql: Native, hold: Hold, charged: int, used: int, state: str, now: datetime) -> bool:
+    params = _end_params(hold, charged, used, state, now)
     if sql.one_trip:
-        ended = sql.fetchone(END_AND_SPEND, {"state": state, "charged": charged, "now": now, "id": hold_id,
-                                             "budget_ids": list(budget_ids), "amount": amount, "tokens": tokens, "used": used})
-        return ended is not None and ended[0] == 1
-    if sql.execute(END_RESERVATION, {"state": state, "charged": charged, "now": now, "id": hold_id}) != 1:
+        return _ended(sql.fetchone(END_AND_SPEND, params))
+    if sql.execute(END_RESERVATION, params) != 1:
         return False
-    for budget_id in budget_ids:
-        sql.execute(MOVE_TO_SPENT, {"id": budget_id, "amount": amount, "charged": charged, "tokens": tokens, "used": used})
+    for budget_id in hold.budget_ids:
+        sql.execute(MOVE_TO_SPENT, {**params, "id": budget_id})
     return True
 
 

@@ -109,7 +109,10 @@ def test_single_budget_holds_and_settlements_stay_exact_in_one_round_trip_each(e
             first = await ledger.reserve(request(1, 600), [WIDE])
             second = await ledger.reserve(request(2, 300), [WIDE])
             refused = await asyncio.gather(ledger.reserve(request(3, 200), [WIDE]), return_exceptions=True)
-            settled = await ledger.settle([first], 250, 7, [], NOW)
+            call = dict(request_id="req_1", reservation_id=first.id, tenant="acme", key_id="key_1", endpoint="chat",
+                        model="gpt-4o-mini", upstream="hosted", status="ok", usage_known=True, prompt_tokens=5,
+                        completion_tokens=2, cost_pico=250, created_at=NOW, day=NOW.date().isoformat())
+            settled = await ledger.settle([first], 250, 7, [call], NOW)
             again = await ledger.settle([first], 250, 7, [], NOW)
             return first, second, refused[0], settled, again
         finally:
@@ -122,5 +125,7 @@ def test_single_budget_holds_and_settlements_stay_exact_in_one_round_trip_each(e
     with engine.connect() as conn:
         holds = dict(conn.execute(text("SELECT request_id, state FROM reservations")).all())
         money = conn.execute(text("SELECT reserved_pico, spent_pico, tokens_reserved, tokens_used, calls_used FROM budgets")).one()
+        booked = conn.execute(text("SELECT request_id, reservation_id, cost_pico FROM usage_events")).all()
+    assert [tuple(b) for b in booked] == [("req_1", first.id, 250)]
     assert holds == {"req_1": "settled", "req_2": "reserved"}  # nothing left of the refused one
     assert tuple(money) == (300, 250, 10, 7, 2)  # the settled hold moved to spent once; the open one still held
