@@ -3,7 +3,10 @@ local spool file (fsynced) and replayed once the database is back: an answer the
 client already has is never lost from the books.
 
 Replay is idempotent: events already booked (same request and attempt) are skipped,
-and a hold that has already ended is not charged twice."""
+and a hold that has already ended is not charged twice. A line that can never be
+booked - torn by a crash mid-write, or refused by the database as invalid - is moved
+to `ledger-rejected-<pid>.jsonl` for an operator, so it does not hold back the lines
+after it."""
 
 from __future__ import annotations
 
@@ -16,9 +19,12 @@ from typing import Any
 import orjson
 
 from gateway.accounting.ledger import Hold, Ledger
+from gateway.accounting.writer import LedgerUnavailable
 
 log = logging.getLogger("gateway.ledger")
 PATTERN = "ledger-spool-*.jsonl"
+# PEP 249 names for a statement the database refused on its content, not for being down.
+REFUSED_AS_INVALID = {"IntegrityError", "DataError"}
 
 
 class SettlementSpool:
@@ -54,16 +60,48 @@ class SettlementSpool:
             lines = claimed.read_bytes().splitlines()
             for i, line in enumerate(lines):
                 try:
-                    await _replay_line(ledger, orjson.loads(line))
-                except Exception:
-                    log.warning("ledger still unavailable; %d spooled settlements wait", len(lines) - i)
-                    with (self.directory / f"ledger-spool-{os.getpid()}.jsonl").open("ab") as handle:
-                        handle.write(b"\n".join(lines[i:]) + b"\n")
-                    claimed.unlink()
-                    return booked
+                    await _replay_line(ledger, _record(line))
+                except LedgerUnavailable as exc:
+                    if not _refused_as_invalid(exc):
+                        log.warning("ledger still unavailable; %d spooled settlements wait", len(lines) - i)
+                        self._append(self.path, lines[i:])
+                        claimed.unlink()
+                        return booked
+                    self._reject(line, exc)
+                    continue
+                except Exception as exc:  # unreadable, or fields that do not make a settlement
+                    self._reject(line, exc)
+                    continue
                 booked += 1
             claimed.unlink()
         return booked
+
+    def _reject(self, line: bytes, reason: Exception) -> None:
+        rejected = self.directory / f"ledger-rejected-{os.getpid()}.jsonl"
+        log.error("a spooled settlement cannot be booked (%s); kept in %s for an operator", reason, rejected)
+        self._append(rejected, [line])
+
+    @staticmethod
+    def _append(path: Path, lines: list[bytes]) -> None:
+        with path.open("ab") as handle:
+            handle.write(b"\n".join(lines) + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def _record(line: bytes) -> dict[str, Any]:
+    try:
+        record = orjson.loads(line)
+        if not isinstance(record, dict) or not {"holds", "charged_pico", "tokens_used", "events", "now"} <= record.keys():
+            raise ValueError("not a spooled settlement")
+        return record
+    except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+        raise ValueError(f"unreadable line: {exc}") from exc
+
+
+def _refused_as_invalid(exc: LedgerUnavailable) -> bool:
+    cause = exc.__cause__
+    return cause is not None and any(c.__name__ in REFUSED_AS_INVALID for c in type(cause).__mro__)
 
 
 async def _replay_line(ledger: Ledger, record: dict[str, Any]) -> None:
