@@ -23,6 +23,7 @@ from gateway.accounting.writer import LedgerUnavailable
 
 log = logging.getLogger("gateway.ledger")
 PATTERN = "ledger-spool-*.jsonl"
+CLAIMED = "ledger-spool-*.replaying-*"
 # PEP 249 names for a statement the database refused on its content, not for being down.
 REFUSED_AS_INVALID = {"IntegrityError", "DataError"}
 
@@ -45,7 +46,11 @@ class SettlementSpool:
             os.fsync(handle.fileno())
 
     def pending(self) -> list[Path]:
-        return sorted(self.directory.glob(PATTERN)) if self.directory.exists() else []
+        """Spool files to replay, and files a process claimed for replay but died with."""
+        if not self.directory.exists():
+            return []
+        orphaned = [p for p in self.directory.glob(CLAIMED) if not _claimer_alive(p)]
+        return sorted([*self.directory.glob(PATTERN), *orphaned])
 
     async def replay(self, ledger: Ledger) -> int:
         """Book every spooled settlement; returns how many were booked. A file is
@@ -97,6 +102,19 @@ def _record(line: bytes) -> dict[str, Any]:
         return record
     except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
         raise ValueError(f"unreadable line: {exc}") from exc
+
+
+def _claimer_alive(path: Path) -> bool:
+    pid = path.suffix.removeprefix(".replaying-")
+    if not pid.isdigit():
+        return True  # not ours to take
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # somebody else's process
+    return True
 
 
 def _refused_as_invalid(exc: LedgerUnavailable) -> bool:

@@ -4,6 +4,8 @@ never be booked is set aside for an operator instead of holding back the rest.""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,26 @@ def test_a_torn_line_is_set_aside_and_the_lines_after_it_are_booked(engine: Engi
     assert spool.pending() == []
     rejected = list((tmp_path / "var").glob("ledger-rejected-*.jsonl"))
     assert len(rejected) == 1 and b"charged_pi" in rejected[0].read_bytes()
+
+
+def test_a_spool_claimed_by_a_process_that_died_mid_replay_is_replayed(engine: Engine, tmp_path: Path) -> None:
+    spool = SettlementSpool(tmp_path / "var")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead_pid = int(gone.stdout)
+
+    async def main() -> int:
+        writer = GroupCommitWriter(engine)
+        writer.start()
+        ledger = Ledger(writer)
+        try:
+            hold = await ledger.reserve(request(1, 100), [WIDE])
+            spool.write([hold], 30, 7, [event(1, hold.id)], NOW)
+            spool.path.rename(spool.path.with_suffix(f".replaying-{dead_pid}"))  # claimed, then the claimer crashed
+            return await spool.replay(ledger)
+        finally:
+            await writer.stop()
+
+    assert asyncio.run(main()) == 1
+    with engine.connect() as conn:
+        assert [r[0] for r in conn.execute(text("SELECT request_id FROM usage_events"))] == ["req_1"]
+    assert not list((tmp_path / "var").iterdir())  # nothing left to replay, nothing set aside
