@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
-from gateway.accounting.native import Native, Row, insert_sql
+from gateway.accounting.native import Native, Row, Staged, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, Refusal
 from gateway.errors import BudgetExceeded, NotReady
@@ -148,14 +148,14 @@ class Ledger:
             prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
             expires_at=request.expires_at, settled_pico=None, ended_at=None)
 
-        def op(sql: Native) -> Hold:
-            if sql.one_trip and len(claims) == 1:
-                claim = claims[0]
-                held_row = sql.fetchone(HOLD_AND_RECORD, {**row, "budget_id": claim.budget_id, "limit": claim.limit_pico,
-                                                          "amount": request.amount_pico})
-                if held_row is not None:
-                    return Hold(hold_id, request.amount_pico, request.tokens, (claim.budget_id,), held_row[0])
-                sql.execute(FORGET_RESERVATION, {"id": hold_id})  # then as below: create the budget, or refuse
+        def after_hold(sql: Native, left: Row | None) -> Hold:
+            """After HOLD_AND_RECORD on the one claim (PostgreSQL)."""
+            if left is not None:
+                return Hold(hold_id, request.amount_pico, request.tokens, (claims[0].budget_id,), left[0])
+            sql.execute(FORGET_RESERVATION, {"id": hold_id})  # then as below: create the budget, or refuse
+            return each_claim(sql)
+
+        def each_claim(sql: Native) -> Hold:
             left: list[int] = []
             for claim in claims:
                 params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
@@ -173,10 +173,18 @@ class Ledger:
             sql.execute(INSERT_RESERVATION, row)
             return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims), min(left, default=None))
 
+        one = None
+        if len(claims) == 1:
+            one = Staged(HOLD_AND_RECORD, {**row, "budget_id": claims[0].budget_id, "limit": claims[0].limit_pico,
+                                           "amount": request.amount_pico}, after_hold)
+
+        def op(sql: Native) -> Hold:
+            return one.run(sql) if one is not None and sql.one_trip else each_claim(sql)
+
         try:
             # A refusal of the first claim has written nothing to undo (a budget row
             # it created may stay); only a later claim's refusal needs a savepoint.
-            return await self.writer.run(op, isolated=len(claims) > 1)
+            return await self.writer.run(op, isolated=len(claims) > 1, staged=one)
         except _Refused as refused:
             raise _budget_error(refused, request.amount_pico) from None
         except LedgerUnavailable as exc:
@@ -189,11 +197,14 @@ class Ledger:
         rest - and book the events, in one transaction. Returns False if a hold had
         already ended (e.g. the sweeper expired it first)."""
 
+        one = None
+        if len(holds) == 1 and len(events) == 1 and not skip_booked:  # the common case
+            params = _end_params(holds[0], charged_pico, tokens_used, "settled" if charged_pico else "released", now)
+            one = Staged(BOOK_END_AND_SPEND, {**EVENT_DEFAULTS, **events[0], **params}, _ended)
+
         def op(sql: Native) -> bool:
-            if sql.one_trip and len(holds) == 1 and len(events) == 1 and not skip_booked:
-                hold, state = holds[0], "settled" if charged_pico else "released"
-                params = _end_params(hold, charged_pico, tokens_used, state, now)
-                return _ended(sql.fetchone(BOOK_END_AND_SPEND, {**EVENT_DEFAULTS, **events[0], **params}))
+            if one is not None and sql.one_trip:
+                return one.run(sql)
             ended = True
             cost, used = charged_pico, tokens_used
             for i, hold in enumerate(holds):
@@ -210,7 +221,7 @@ class Ledger:
                 sql.executemany(INSERT_EVENT, [{**EVENT_DEFAULTS, **e} for e in events_left])
             return ended
 
-        return await self.writer.run(op, lazy=lazy)
+        return await self.writer.run(op, lazy=lazy, staged=one)
 
     async def expire_orphans(self, now: datetime) -> int:
         """Holds whose request never settled (a crash, a lost stream) past their expiry.
@@ -240,14 +251,14 @@ def _end_params(hold: Hold, charged: int, used: int, state: str, now: datetime) 
             "amount": hold.amount_pico, "tokens": hold.tokens, "used": used}
 
 
-def _ended(row: Row | None) -> bool:
+def _ended(sql: Native, row: Row | None) -> bool:
     return row is not None and row[0] == 1
 
 
 def _end(sql: Native, hold: Hold, charged: int, used: int, state: str, now: datetime) -> bool:
     params = _end_params(hold, charged, used, state, now)
     if sql.one_trip:
-        return _ended(sql.fetchone(END_AND_SPEND, params))
+        return _ended(sql, sql.fetchone(END_AND_SPEND, params))
     if sql.execute(END_RESERVATION, params) != 1:
         return False
     for budget_id in hold.budget_ids:

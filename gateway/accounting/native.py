@@ -7,15 +7,17 @@ path."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.engine.interfaces import DBAPIConnection, DBAPICursor, Dialect
 
 NAMED = re.compile(r"(?<!:):(\w+)")
 Row = tuple[Any, ...]
+T = TypeVar("T")
 
 
 @lru_cache(maxsize=256)
@@ -28,8 +30,10 @@ class Native:
     written with `:name` parameters and read the few rows it needs. Transactions and
     savepoints are the writer's business, not the operation's."""
 
-    def __init__(self, cursor: DBAPICursor, *, pyformat: bool, sqlite: bool, returning: bool) -> None:
+    def __init__(self, cursor: DBAPICursor, *, pyformat: bool, sqlite: bool, returning: bool,
+                 connection: DBAPIConnection | None = None) -> None:
         self._cursor = cursor
+        self._connection = connection
         self._pyformat = pyformat
         self._sqlite = sqlite
         # `UPDATE ... RETURNING`: PostgreSQL, and SQLite from 3.35.
@@ -41,7 +45,7 @@ class Native:
     @classmethod
     def on(cls, raw: DBAPIConnection, dialect: Dialect) -> Native:
         return cls(raw.cursor(), pyformat=dialect.paramstyle == "pyformat", sqlite=dialect.name == "sqlite",
-                   returning=bool(dialect.update_returning))
+                   returning=bool(dialect.update_returning), connection=raw)
 
     def _sql(self, sql: str) -> str:
         return _pyformat(sql) if self._pyformat else sql
@@ -71,9 +75,38 @@ class Native:
         row = self._cursor.fetchone()
         return None if row is None else tuple(row)
 
+    def fetch_each(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Row | None]:
+        """PostgreSQL: send the statements together in pipeline mode - one round trip
+        for all - and return each one's first row."""
+        assert self._connection is not None and not self._sqlite
+        cursors = []
+        with self._connection.pipeline():
+            for sql, params in statements:
+                cursor = self._connection.cursor()
+                cursor.execute(self._sql(sql), self._params(params))
+                cursors.append(cursor)
+        rows = [cursor.fetchone() for cursor in cursors]
+        for cursor in cursors:
+            cursor.close()
+        return [None if row is None else tuple(row) for row in rows]
+
     def fetchall(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         self._cursor.execute(self._sql(sql), self._params(params))
         return [tuple(row) for row in self._cursor.fetchall()]
+
+
+@dataclass(frozen=True, slots=True)
+class Staged(Generic[T]):
+    """An operation that is one statement, then `finish` with that statement's first
+    row (which may run more statements, or refuse). Where statements are round trips
+    (PostgreSQL) the writer sends a batch's staged statements together."""
+
+    sql: str
+    params: Mapping[str, Any]
+    finish: Callable[[Native, Row | None], T]
+
+    def run(self, sql: Native) -> T:
+        return self.finish(sql, sql.fetchone(self.sql, self.params))
 
 
 def _sqlite_time(moment: datetime) -> str:

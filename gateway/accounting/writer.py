@@ -26,7 +26,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.database import begin_statement
-from gateway.accounting.native import Native
+from gateway.accounting.native import Native, Staged
 
 log = logging.getLogger("gateway.ledger")
 T = TypeVar("T")
@@ -55,6 +55,7 @@ class _Op(Generic[T]):
     loop: asyncio.AbstractEventLoop
     isolated: bool
     lazy: bool = False
+    staged: Staged[T] | None = None
 
 
 class _Connection:
@@ -120,14 +121,17 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._thread.start()
 
-    async def run(self, fn: Callable[[Native], T], *, isolated: bool = False, lazy: bool = False) -> T:
+    async def run(self, fn: Callable[[Native], T], *, isolated: bool = False, lazy: bool = False,
+                  staged: Staged[T] | None = None) -> T:
         """Run `fn` in the next group commit. `isolated`: `fn` may raise after writing,
         so it gets a savepoint; plain appends skip that cost. `lazy`: nobody is waiting
         on this write, so it may wait up to `linger_s` to share a later write's commit.
-        Raises LedgerUnavailable when the database did not take the write."""
+        `staged`: what `fn` does where statements are round trips (PostgreSQL), as one
+        statement the batch can send with the others. Raises LedgerUnavailable when the
+        database did not take the write."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_Op(fn, future, loop, isolated, lazy))
+        self._queue.put(_Op(fn, future, loop, isolated, lazy, staged))
         # Shielded: a request cancelled mid-write must not lose track of a write that
         # may still commit; the caller's cancellation is re-raised after the commit.
         return await asyncio.shield(future)
@@ -180,10 +184,12 @@ class GroupCommitWriter:
         culprit: _Op[Any] | None = None
         try:
             conn = self._begin()
-            results = []
-            for op in batch:
-                culprit = op
-                results.append(self._apply(conn, op, savepoint=len(batch) > 1))
+            results: list[tuple[bool, Any]] = []
+            for op, done in zip(batch, self._apply_staged(conn, batch), strict=True):
+                if done is None:
+                    culprit = op
+                    done = self._apply(conn, op, savepoint=len(batch) > 1)
+                results.append(done)
             culprit = None
             if any(ok for ok, _ in results):
                 conn.commit()
@@ -212,6 +218,21 @@ class GroupCommitWriter:
         self._conn = _Connection(self.engine)
         self._conn.begin()
         return self._conn
+
+    def _apply_staged(self, conn: _Connection, batch: list[_Op[Any]]) -> list[tuple[bool, Any] | None]:
+        """Where statements are round trips, send the staged operations' statements in
+        one, then finish each in batch order; the rest (None here) run one by one."""
+        results: list[tuple[bool, Any] | None] = [None] * len(batch)
+        staged = [(i, op.staged) for i, op in enumerate(batch) if op.staged is not None and not op.isolated]
+        if not conn.sql.one_trip or len(staged) < 2:
+            return results
+        rows = conn.sql.fetch_each([(one.sql, one.params) for _, one in staged])
+        for (i, one), row in zip(staged, rows, strict=True):
+            try:
+                results[i] = True, one.finish(conn.sql, row)
+            except Refusal as refused:  # like `_apply`: any other error fails the batch
+                results[i] = False, refused
+        return results
 
     def _apply(self, conn: _Connection, op: _Op[Any], *, savepoint: bool) -> tuple[bool, Any]:
         if not op.isolated:

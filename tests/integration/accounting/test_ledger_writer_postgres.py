@@ -129,3 +129,50 @@ def test_single_budget_holds_and_settlements_stay_exact_in_one_round_trip_each(e
     assert [tuple(b) for b in booked] == [("req_1", first.id, 250)]
     assert holds == {"req_1": "settled", "req_2": "reserved"}  # nothing left of the refused one
     assert tuple(money) == (300, 250, 10, 7, 2)  # the settled hold moved to spent once; the open one still held
+
+
+def booking(n: int, hold: Hold, cost: int) -> dict[str, Any]:
+    return dict(request_id=f"req_{n}", attempt=1, reservation_id=hold.id, tenant="acme", key_id="key_1", endpoint="chat",
+                model="gpt-4o-mini", upstream="hosted", status="ok", usage_known=True, prompt_tokens=5, completion_tokens=2,
+                cost_pico=cost, created_at=NOW, day=NOW.date().isoformat())
+
+
+@pytest.mark.services
+def test_a_batch_sent_in_one_round_trip_keeps_every_hold_and_settlement_exact(engine: Engine) -> None:
+    # Queued before the writer starts, each group is one batch, its statements sent
+    # together: a refusal, a budget's first hold and settlements ahead of a hold must
+    # come out as if they had run one by one, in order.
+    new = BudgetClaim("tenant:new:month:2026-11-01", "tenant:new", "tenant `new` budget", "2026-11-01", 50)
+
+    async def main() -> tuple[list[Any], list[Any], int]:
+        writer = GroupCommitWriter(engine)
+        ledger = Ledger(writer)
+        first = [asyncio.create_task(ledger.reserve(request(n, amount), [claim]))
+                 for n, amount, claim in ((1, 600, WIDE), (2, 300, WIDE), (3, 200, WIDE), (4, 40, new))]
+        await asyncio.sleep(0)
+        writer.start()
+        try:
+            holds = await asyncio.gather(*first, return_exceptions=True)
+            one, two = holds[0], holds[1]
+            assert isinstance(one, Hold) and isinstance(two, Hold)
+            await writer.flush()
+            second = [asyncio.create_task(ledger.settle([one], 250, 7, [booking(1, one, 250)], NOW)),
+                      asyncio.create_task(ledger.settle([two], 0, 0, [booking(2, two, 0)], NOW)),
+                      asyncio.create_task(ledger.reserve(request(5, 700), [WIDE]))]
+            await asyncio.sleep(0)
+            return holds, await asyncio.gather(*second, return_exceptions=True), writer.batches
+        finally:
+            await writer.stop()
+
+    holds, later, batches = asyncio.run(main())
+    assert [h.headroom_pico if isinstance(h, Hold) else type(h) for h in holds] == [400, 100, BudgetExceeded, 10]
+    assert later[:2] == [True, True]
+    assert isinstance(later[2], Hold) and later[2].headroom_pico == 50  # the settlements ahead of it had freed the room
+    assert batches == 3  # the holds, the flush, then settlements and hold together
+    with engine.connect() as conn:
+        states = dict(conn.execute(text("SELECT request_id, state FROM reservations")).all())
+        money = {r[0]: tuple(r[1:]) for r in conn.execute(text("SELECT id, reserved_pico, spent_pico, calls_used FROM budgets"))}
+        booked = sorted(r[0] for r in conn.execute(text("SELECT request_id FROM usage_events")))
+    assert states == {"req_1": "settled", "req_2": "released", "req_4": "reserved", "req_5": "reserved"}
+    assert money == {WIDE.budget_id: (700, 250, 3), new.budget_id: (40, 0, 1)}
+    assert booked == ["req_1", "req_2"]
