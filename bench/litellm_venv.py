@@ -10,9 +10,7 @@ reports the pinned version, so only the first call installs.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import venv
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -62,16 +60,8 @@ def ensure(version: str = LITELLM_VERSION, venv_dir: Path = VENV_DIR) -> Path:
     litellm_bin = venv_dir / "bin" / "litellm"
     if installed_version(venv_dir) == version and litellm_bin.exists():
         return litellm_bin
-    if not (venv_dir / "bin" / "python").exists():
-        venv_dir.parent.mkdir(parents=True, exist_ok=True)
-        venv.EnvBuilder(with_pip=True, clear=False).create(venv_dir)
-    python = str(venv_dir / "bin" / "python")
     print(f"installing litellm[proxy]=={version} into {venv_dir} ...", file=sys.stderr, flush=True)
-    subprocess.run(
-        [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", f"litellm[proxy]=={version}"],
-        check=True,
-        timeout=INSTALL_TIMEOUT_S,
-    )
+    procs.pip_install(venv_dir, [f"litellm[proxy]=={version}"], INSTALL_TIMEOUT_S)
     got = installed_version(venv_dir)
     if got != version:
         raise RuntimeError(f"expected litellm {version} in {venv_dir}, pip reports {got}")

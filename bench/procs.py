@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import venv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -175,3 +176,13 @@ def venv_package_version(venv_dir: Path, package: str) -> str | None:
         if line.startswith("Version:"):
             return line.split(":", 1)[1].strip()
     return None
+
+
+def pip_install(venv_dir: Path, args: Sequence[str], timeout_s: float) -> None:
+    """`pip install <args>` into the venv at `venv_dir`, creating it first if needed."""
+    if not (venv_dir / "bin" / "python").exists():
+        venv_dir.parent.mkdir(parents=True, exist_ok=True)
+        venv.EnvBuilder(with_pip=True, clear=False).create(venv_dir)
+    python = str(venv_dir / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *args],
+                   check=True, timeout=timeout_s)

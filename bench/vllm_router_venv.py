@@ -16,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import subprocess
 import sys
-import venv
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -70,28 +68,8 @@ def ensure(version: str = VLLM_ROUTER_VERSION, venv_dir: Path = VENV_DIR) -> Pat
     digest = _lock_digest()
     if router_bin.exists() and stamp.exists() and stamp.read_text().strip() == digest and installed_version(venv_dir) == version:
         return router_bin
-    if not (venv_dir / "bin" / "python").exists():
-        venv_dir.parent.mkdir(parents=True, exist_ok=True)
-        venv.EnvBuilder(with_pip=True, clear=False).create(venv_dir)
-    python = str(venv_dir / "bin" / "python")
     print(f"installing vllm-router=={version} into {venv_dir} from {LOCK_FILE.name} ...", file=sys.stderr, flush=True)
-    subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--require-hashes",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-r",
-            str(LOCK_FILE),
-        ],
-        check=True,
-        timeout=INSTALL_TIMEOUT_S,
-    )
+    procs.pip_install(venv_dir, ["--require-hashes", "--no-deps", "--only-binary=:all:", "-r", str(LOCK_FILE)], INSTALL_TIMEOUT_S)
     got = installed_version(venv_dir)
     if got != version or not router_bin.exists():
         raise RuntimeError(f"expected vllm-router {version} in {venv_dir}, pip reports {got}")
