@@ -41,6 +41,9 @@ class Native:
         # Data-modifying statements inside WITH: PostgreSQL. Its statements are round
         # trips to a server, so a hold or a settlement goes in one where it can.
         self.one_trip = not sqlite
+        # Several statements per round trip: PostgreSQL through a libpq with pipeline
+        # mode (14 and later; the locked psycopg-binary bundles one).
+        self.pipelines = self.one_trip and _pipeline_supported()
 
     @classmethod
     def on(cls, raw: DBAPIConnection, dialect: Dialect) -> Native:
@@ -78,7 +81,7 @@ class Native:
     def fetch_each(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Row | None]:
         """PostgreSQL: send the statements together in pipeline mode - one round trip
         for all - and return each one's first row."""
-        assert self._connection is not None and not self._sqlite
+        assert self._connection is not None and self.pipelines
         cursors = []
         with self._connection.pipeline():
             for sql, params in statements:
@@ -93,6 +96,14 @@ class Native:
     def fetchall(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
         self._cursor.execute(self._sql(sql), self._params(params))
         return [tuple(row) for row in self._cursor.fetchall()]
+
+
+def _pipeline_supported() -> bool:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return bool(psycopg.Pipeline.is_supported())
 
 
 @dataclass(frozen=True, slots=True)

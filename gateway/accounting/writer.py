@@ -224,7 +224,7 @@ class GroupCommitWriter:
         one, then finish each in batch order; the rest (None here) run one by one."""
         results: list[tuple[bool, Any] | None] = [None] * len(batch)
         staged = [(i, op.staged) for i, op in enumerate(batch) if op.staged is not None and not op.isolated]
-        if not conn.sql.one_trip or len(staged) < 2:
+        if not conn.sql.pipelines or len(staged) < 2:
             return results
         rows = conn.sql.fetch_each([(one.sql, one.params) for _, one in staged])
         for (i, one), row in zip(staged, rows, strict=True):
