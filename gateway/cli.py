@@ -34,7 +34,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     catalog = checked_catalog(policy)
     if catalog is None:
         return 1
-    if args.workers > 1 and not os.environ.get("REDIS_URL"):
+    from gateway.settings import Settings
+
+    if args.workers > 1 and not Settings().redis_url:
         print(f"error: --workers {args.workers} needs REDIS_URL: without it token buckets, concurrency limits, cooldowns"
               " and caches live inside each worker, so every worker would admit a tenant's whole limit", file=sys.stderr)
         return 2

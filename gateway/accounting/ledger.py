@@ -174,12 +174,12 @@ class Ledger:
             return Hold(hold_id, request.amount_pico, request.tokens, tuple(c.budget_id for c in claims), min(left, default=None))
 
         one = None
-        if len(claims) == 1:
+        if len(claims) == 1 and self.writer.one_trip:
             one = Staged(HOLD_AND_RECORD, {**row, "budget_id": claims[0].budget_id, "limit": claims[0].limit_pico,
                                            "amount": request.amount_pico}, after_hold)
 
         def op(sql: Native) -> Hold:
-            return one.run(sql) if one is not None and sql.one_trip else each_claim(sql)
+            return one.run(sql) if one is not None else each_claim(sql)
 
         try:
             # A refusal of the first claim has written nothing to undo (a budget row
@@ -198,12 +198,12 @@ class Ledger:
         already ended (e.g. the sweeper expired it first)."""
 
         one = None
-        if len(holds) == 1 and len(events) == 1 and not skip_booked:  # the common case
+        if len(holds) == 1 and len(events) == 1 and not skip_booked and self.writer.one_trip:  # the common case
             params = _end_params(holds[0], charged_pico, tokens_used, "settled" if charged_pico else "released", now)
             one = Staged(BOOK_END_AND_SPEND, {**EVENT_DEFAULTS, **events[0], **params}, _ended)
 
         def op(sql: Native) -> bool:
-            if one is not None and sql.one_trip:
+            if one is not None:
                 return one.run(sql)
             ended = True
             cost, used = charged_pico, tokens_used

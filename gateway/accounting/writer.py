@@ -115,6 +115,9 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._loop, name="ledger-writer", daemon=True)
         self._conn: _Connection | None = None  # the writer thread's alone
         self._driver_errors: tuple[type[BaseException], ...] = (engine.dialect.loaded_dbapi.Error, SQLAlchemyError)
+        # Statements are round trips to a server (PostgreSQL), as for `Native.one_trip`:
+        # operations then offer their one-statement `staged` form.
+        self.one_trip = engine.dialect.name != "sqlite"
         self.batches = 0
         self.ops = 0
 
@@ -223,8 +226,10 @@ class GroupCommitWriter:
         """Where statements are round trips, send the staged operations' statements in
         one, then finish each in batch order; the rest (None here) run one by one."""
         results: list[tuple[bool, Any] | None] = [None] * len(batch)
+        if not conn.sql.pipelines:
+            return results
         staged = [(i, op.staged) for i, op in enumerate(batch) if op.staged is not None and not op.isolated]
-        if not conn.sql.pipelines or len(staged) < 2:
+        if len(staged) < 2:
             return results
         rows = conn.sql.fetch_each([(one.sql, one.params) for _, one in staged])
         for (i, one), row in zip(staged, rows, strict=True):
