@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from gateway.accounting.native import Native, Row, Staged, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
@@ -62,10 +62,12 @@ INSERT_EVENT = insert_sql("usage_events", [c.name for c in EVENT_COLUMNS])
 # the table's own defaults, as an ORM insert would fill them.
 EVENT_DEFAULTS: dict[str, Any] = {c.name: c.default.arg if c.default is not None and c.default.is_scalar else None
                                   for c in EVENT_COLUMNS}
-ORPHANS = (
-    "SELECT id, budget_ids, amount_pico, tokens, request_id, tenant, key_id, task_id, model, upstream_model, upstream, endpoint,"
-    " prompt_tokens_est, created_at FROM reservations WHERE state = 'reserved' AND expires_at < :now"
-)
+ORPHAN_COLUMNS = ("id", "budget_ids", "amount_pico", "tokens", "request_id", "tenant", "key_id", "task_id", "model",
+                  "upstream_model", "upstream", "endpoint", "prompt_tokens_est", "created_at")
+ORPHANS = f"SELECT {', '.join(ORPHAN_COLUMNS)} FROM reservations WHERE state = 'reserved' AND expires_at < :now"
+# What an expired hold's `unconfirmed` event copies from its reservation row.
+ORPHAN_EVENT_FIELDS = ("request_id", "tenant", "key_id", "task_id", "endpoint", "model", "upstream_model", "upstream",
+                       "prompt_tokens_est")
 # PostgreSQL, the common settlement (one hold, one event) in one round trip.
 BOOK_END_AND_SPEND = f"WITH booked AS ({INSERT_EVENT} RETURNING 1), {END_AND_SPEND.removeprefix('WITH ')}"
 
@@ -108,23 +110,6 @@ class HoldRequest:
     expires_at: datetime
     now: datetime
     sequence: int = 0
-
-
-class _Orphan(NamedTuple):
-    id: str
-    budget_ids: str
-    amount_pico: int
-    tokens: int
-    request_id: str
-    tenant: str
-    key_id: str
-    task_id: str | None
-    model: str
-    upstream_model: str
-    upstream: str
-    endpoint: str
-    prompt_tokens_est: int
-    created_at: Any  # datetime on PostgreSQL, text on SQLite
 
 
 class _Refused(Refusal):
@@ -230,16 +215,14 @@ class Ledger:
         and to reconciliation, which explains the difference against the provider."""
 
         def op(sql: Native) -> int:
-            rows = [_Orphan(*r) for r in sql.fetchall(ORPHANS, {"now": now})]
+            rows = [dict(zip(ORPHAN_COLUMNS, r, strict=True)) for r in sql.fetchall(ORPHANS, {"now": now})]
             for row in rows:
-                hold = Hold(row.id, row.amount_pico, row.tokens, tuple(row.budget_ids.split("\n")))
-                if _end(sql, hold, row.amount_pico, 0, "expired", now):
-                    created = _as_datetime(row.created_at)
-                    sql.execute(INSERT_EVENT, {**EVENT_DEFAULTS, **dict(
-                        request_id=row.request_id, attempt=0, reservation_id=row.id, tenant=row.tenant, key_id=row.key_id,
-                        task_id=row.task_id, kind="model", endpoint=row.endpoint, model=row.model, upstream_model=row.upstream_model, upstream=row.upstream,
-                        status="unconfirmed", usage_known=False, prompt_tokens_est=row.prompt_tokens_est,
-                        cost_pico=row.amount_pico, created_at=created, day=created.date().isoformat(),
+                hold = Hold(row["id"], row["amount_pico"], row["tokens"], tuple(row["budget_ids"].split("\n")))
+                if _end(sql, hold, row["amount_pico"], 0, "expired", now):
+                    created = _as_datetime(row["created_at"])
+                    sql.execute(INSERT_EVENT, {**EVENT_DEFAULTS, **{k: row[k] for k in ORPHAN_EVENT_FIELDS}, **dict(
+                        attempt=0, reservation_id=row["id"], kind="model", status="unconfirmed", usage_known=False,
+                        cost_pico=row["amount_pico"], created_at=created, day=created.date().isoformat(),
                         error="no usage was confirmed before the reservation expired; charged the reserved worst case")})
             return len(rows)
 
