@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from redis.asyncio import Redis
 from sqlalchemy import Engine, text
 
 from gateway.accounting.books import Accounting
-from gateway.accounting.database import make_engine, migrate
+from gateway.accounting.database import maintain_indexes, make_engine, migrate
 from gateway.accounting.ledger import Ledger
 from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.spool import SettlementSpool
@@ -110,6 +111,10 @@ class Services:
 
     def start_background(self) -> None:
         self.writer.start()
+        if self.writer.engine.dialect.name == "postgresql":
+            # Off the start-up path: a concurrent index build waits for every older
+            # transaction on the server, and the gateway serves correctly without it.
+            threading.Thread(target=_maintain_indexes, args=(self.writer.engine,), name="ledger-indexes", daemon=True).start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.policies.watch(self.settings.gateway_policy_poll_s)))
         self._tasks.append(loop.create_task(_every(self.settings.gateway_sweep_interval_s, self.sweep)))
@@ -164,6 +169,17 @@ class Services:
         await self.writer.stop()
         self.writer.engine.dispose()
         self.reader.dispose()
+
+
+def _maintain_indexes(engine: Engine) -> None:
+    try:
+        done = maintain_indexes(engine)
+    except Exception:
+        log.exception("could not bring the ledger's indexes up to date; queries that need them scan the table "
+                      "until the next start tries again")
+        return
+    for what in done:
+        log.info("ledger index %s", what)
 
 
 async def _every(interval_s: float, job: Callable[[], Awaitable[object]]) -> None:

@@ -3,12 +3,14 @@ ordered migrations that keep data across upgrades."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, Engine, Index, create_engine, event, inspect, text
+from sqlalchemy.schema import CreateIndex
 from sqlmodel import SQLModel
 
 from gateway.accounting.tables import Budget, Reservation, SchemaVersion, Task, UsageEvent
@@ -77,10 +79,16 @@ _V3_DROPPED = ("ix_reservations_request_id", "ix_reservations_tenant", "ix_reser
 
 
 def _v3_lean_indexes(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        return  # built and dropped without blocking the ledger's writes: see `maintain_indexes`
     for name in _V3_DROPPED:
         conn.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
-    for index in (*Reservation.__table__.indexes, *UsageEvent.__table__.indexes):  # type: ignore[attr-defined]
+    for index in _declared_indexes():
         index.create(conn, checkfirst=True)
+
+
+def _declared_indexes() -> list[Index]:
+    return [*Reservation.__table__.indexes, *UsageEvent.__table__.indexes]  # type: ignore[attr-defined]
 
 
 # Append only; never edit a shipped migration. Each must be safe on a database that
@@ -106,6 +114,50 @@ def migrate(engine: Engine) -> int:
             step(conn)
             conn.execute(SchemaVersion.__table__.insert().values(version=version, applied_at=datetime.now(UTC)))  # type: ignore[attr-defined]
         return max([v for v, _ in MIGRATIONS])
+
+
+PRESENT_INDEXES = (
+    "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema()"
+)
+INDEX_UPKEEP_LOCK = 7245002
+
+
+def maintain_indexes(engine: Engine) -> list[str]:
+    """PostgreSQL: bring the ledger's indexes to what tables.py declares, CONCURRENTLY.
+    A plain CREATE or DROP INDEX locks its table against writes while it runs, and on
+    `usage_events` that is every settlement of every replica until the table is scanned.
+    Runs outside any transaction (as CONCURRENTLY must), after `migrate`, by one replica
+    at a time; one that finds another at it returns at once. An index a crashed build
+    left invalid is dropped and built again. Returns what it did, for the log; does
+    nothing on SQLite, whose one process builds them in `migrate`."""
+    if engine.dialect.name != "postgresql":
+        return []
+    done: list[str] = []
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({INDEX_UPKEEP_LOCK})").scalar():
+            return done
+        try:
+            present: dict[str, bool] = {name: valid for name, valid in conn.exec_driver_sql(PRESENT_INDEXES)}
+            for index in _declared_indexes():
+                name = str(index.name)
+                if present.get(name) is True:
+                    continue
+                if name in present:
+                    conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+                conn.exec_driver_sql(_concurrently(str(CreateIndex(index).compile(dialect=engine.dialect))))
+                done.append(f"built {name}")
+            for name in _V3_DROPPED:
+                if name in present:
+                    conn.exec_driver_sql(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+                    done.append(f"dropped {name}")
+        finally:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({INDEX_UPKEEP_LOCK})")
+    return done
+
+
+def _concurrently(create_index: str) -> str:
+    return re.sub(r"^CREATE (UNIQUE )?INDEX ", r"CREATE \1INDEX CONCURRENTLY ", create_index)
 
 
 def table_names(engine: Engine) -> list[str]:
