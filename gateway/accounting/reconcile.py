@@ -21,13 +21,10 @@ price, and any cost left over beyond a tolerance is `price drift`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
-from fractions import Fraction
 from typing import Any, cast
 
 from sqlalchemy import Engine, Integer, Table, case, distinct, func, literal_column, select
@@ -35,16 +32,34 @@ from sqlalchemy.sql.expression import ColumnElement, FromClause
 
 from gateway.accounting.money import usd
 from gateway.accounting.price_sources import LitellmMap
-from gateway.accounting.prices import PICO_PER_TOKEN_AT_ONE_USD, PriceCatalog, PriceQuote
+from gateway.accounting.prices import PriceCatalog, PriceQuote
+from gateway.accounting.reconcile_explain import (
+    CANCELLED,
+    MISSING_AT_GATEWAY,
+    MISSING_AT_PROVIDER,
+    PENDING,
+    PRICE_DRIFT,
+    REASONS,
+    RETRIED,
+    UNCONFIRMED,
+    Amounts,
+    Explanation,
+    LedgerGroup,
+    cost_at,
+    explain,
+)
+from gateway.accounting.reconcile_render import render
 from gateway.accounting.tables import Reservation, UsageEvent
 from gateway.routing.policy import Policy
 
-PENDING, CANCELLED, RETRIED, UNCONFIRMED = "pending", "cancelled", "retried", "unconfirmed"
-MISSING_AT_GATEWAY, MISSING_AT_PROVIDER, PRICE_DRIFT = "missing at gateway", "missing at provider", "price drift"
+# The reasons and amounts are defined in reconcile_explain.py; callers take them from here.
+__all__ = [
+    "CANCELLED", "DEFAULT_COST_TOLERANCE_PICO", "MATCHED", "MISSING_AT_GATEWAY", "MISSING_AT_PROVIDER", "PENDING",
+    "PRICE_DRIFT", "REASONS", "RETRIED", "UNCONFIRMED", "Amounts", "Explanation", "ImportFailed", "ProgressCallback",
+    "ProviderUsage", "ReconciliationReport", "ReconciliationRow", "Window", "aggregate_ledger", "merge_rows", "reconcile",
+]
+
 MATCHED = "matched"
-REASONS = (PENDING, CANCELLED, RETRIED, UNCONFIRMED, MISSING_AT_GATEWAY, MISSING_AT_PROVIDER, PRICE_DRIFT)
-# Which unknown-usage attempts explain provider-billed requests first: the surest first.
-UNKNOWN_USAGE_ORDER = (UNCONFIRMED, PENDING, CANCELLED, RETRIED)
 CUT_SHORT = frozenset({"cancelled", "timeout", "cut"})
 # A thousandth of a micro-dollar per group: far above float noise in a provider's USD
 # amounts, far below anything finance would chase.
@@ -107,56 +122,6 @@ def merge_rows(rows: Iterable[ProviderUsage]) -> list[ProviderUsage]:
         )
     return sorted(merged.values(), key=lambda r: (r.day, r.model, r.key_id or ""))
 
-
-@dataclass(frozen=True, slots=True)
-class Amounts:
-    requests: int = 0
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    cost_pico: int = 0
-
-    def __add__(self, other: Amounts) -> Amounts:
-        return Amounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
-
-    def __sub__(self, other: Amounts) -> Amounts:
-        return Amounts(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
-
-    def counts_match(self) -> bool:
-        return self.requests == self.input_tokens == self.cached_tokens == self.output_tokens == 0
-
-    def as_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "cost_usd": usd(self.cost_pico)}
-
-
-@dataclass(frozen=True, slots=True)
-class Explanation:
-    reason: str
-    amounts: Amounts  # the part of the difference (provider minus ledger) this reason explains
-
-    def as_json(self) -> dict[str, Any]:
-        return {"reason": self.reason, **self.amounts.as_json()}
-
-    def describe(self) -> str:
-        a = self.amounts
-        parts = [f"{a.requests:+d} requests" if a.requests else "",
-                 f"{a.input_tokens:+d} input" + (f" ({a.cached_tokens:+d} cached)" if a.cached_tokens else "") if a.input_tokens or a.cached_tokens else "",
-                 f"{a.output_tokens:+d} output tokens" if a.output_tokens else "",
-                 _signed_usd(a.cost_pico)]
-        return f"{self.reason}: " + ", ".join(p for p in parts if p)
-
-
-@dataclass(slots=True)
-class LedgerGroup:
-    """One (day, model, key) of the ledger: known usage, all cost, and attempts by why."""
-
-    usage: Amounts = Amounts()
-    attempts: Counter[str] = field(default_factory=Counter)  # booked | pending | cancelled | retried | unconfirmed | failed
-    unconfirmed_cost_pico: int = 0
-    unconfirmed_covered: int = 0  # unconfirmed rows whose request's attempts are booked (and counted) already
-
-    def explainable(self, reason: str) -> int:
-        return self.attempts[reason] - (self.unconfirmed_covered if reason == UNCONFIRMED else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +217,7 @@ class ReconciliationReport:
 
     def to_text(self) -> str:
         """A table for people: ledger/provider per column, each difference's reasons under its row."""
-        return "\n".join(_render(self))
+        return "\n".join(render(self))
 
 
 def reconcile(
@@ -417,92 +382,14 @@ def _compare(group: Group, ledger: LedgerGroup | None, provider: ProviderUsage |
         if provider.cost_pico is None:
             # No cost from the source: its tokens at the gateway's price, so cost shows the
             # money side of token differences and price drift cannot arise.
-            priced = _priced(quote, billed - replace(booked, cost_pico=0)) if quote is not None else 0
+            priced = cost_at(quote, billed - replace(booked, cost_pico=0)) if quote is not None else 0
             billed = replace(billed, cost_pico=booked.cost_pico - unconfirmed_cost + priced)
         else:
             billed = replace(billed, cost_pico=provider.cost_pico)
-    explanations = _explain(billed - booked, ledger, provider is not None, quote, tolerance)
+    explanations = explain(billed - booked, ledger, provider is not None, quote, tolerance)
     return ReconciliationRow(group[0], group[1], group[2], booked, billed, explanations,
                              dict(ledger.attempts) if ledger is not None else {}, ledger is not None, provider is not None,
                              tuple(not_reported), provider is not None and provider.cost_pico is None)
-
-
-def _explain(diff: Amounts, ledger: LedgerGroup | None, at_provider: bool, quote: PriceQuote | None,
-             tolerance: int) -> tuple[Explanation, ...]:
-    if diff.counts_match() and abs(diff.cost_pico) <= tolerance:
-        return ()
-    if ledger is None:
-        return (Explanation(MISSING_AT_GATEWAY, diff),)
-    parts: dict[str, Amounts] = {}
-
-    def add(reason: str, amounts: Amounts) -> None:
-        parts[reason] = parts.get(reason, Amounts()) + amounts
-
-    if ledger.unconfirmed_cost_pico:
-        add(UNCONFIRMED, Amounts(cost_pico=-ledger.unconfirmed_cost_pico))
-    if not at_provider:
-        # The whole group is absent: what the ledger booked for it is the difference.
-        add(MISSING_AT_PROVIDER, diff - Amounts(cost_pico=-ledger.unconfirmed_cost_pico))
-        return _ordered(parts)
-    shares = _request_shares(diff.requests, ledger)
-    if diff.requests < 0:
-        add(MISSING_AT_PROVIDER, Amounts(requests=diff.requests))
-    for reason, n in shares:
-        add(reason, Amounts(requests=n))
-    for name in ("input_tokens", "cached_tokens", "output_tokens"):
-        value = getattr(diff, name)
-        if value > 0 and shares:
-            for (reason, _), part in zip(shares, _split(value, [n for _, n in shares]), strict=True):
-                add(reason, Amounts(**{name: part}))
-        elif value:
-            add(MISSING_AT_GATEWAY if value > 0 else MISSING_AT_PROVIDER, Amounts(**{name: value}))
-    if quote is not None:
-        for reason, amounts in list(parts.items()):
-            parts[reason] = amounts + Amounts(cost_pico=_priced(quote, amounts))
-    residual = diff.cost_pico - sum(a.cost_pico for a in parts.values())
-    token_parts = [r for r, a in parts.items() if not a.counts_match()]
-    if residual and quote is None and token_parts:
-        add(token_parts[0], Amounts(cost_pico=residual))  # no price known: the cost cannot be split
-    elif abs(residual) > tolerance or (residual and not parts):
-        add(PRICE_DRIFT, Amounts(cost_pico=residual))
-    elif residual:
-        add(max(parts, key=lambda r: abs(parts[r].cost_pico)), Amounts(cost_pico=residual))  # rounding
-    return _ordered(parts)
-
-
-def _request_shares(requests: int, ledger: LedgerGroup) -> list[tuple[str, int]]:
-    """Provider-billed requests the ledger has no usage for, by the attempts that explain them."""
-    shares, left = [], requests
-    for reason in UNKNOWN_USAGE_ORDER:
-        n = min(left, ledger.explainable(reason))
-        if n > 0:
-            shares.append((reason, n))
-            left -= n
-    if left > 0:
-        shares.append((MISSING_AT_GATEWAY, left))
-    return shares
-
-
-def _ordered(parts: Mapping[str, Amounts]) -> tuple[Explanation, ...]:
-    return tuple(Explanation(r, parts[r]) for r in REASONS if r in parts and parts[r] != Amounts())
-
-
-def _split(total: int, weights: list[int]) -> list[int]:
-    """`total` in proportion to `weights`, in integers that add up exactly (largest remainder)."""
-    whole = sum(weights)
-    shares = [total * w // whole for w in weights]
-    by_remainder = sorted(range(len(weights)), key=lambda i: (total * weights[i]) % whole, reverse=True)
-    for i in by_remainder[: total - sum(shares)]:
-        shares[i] += 1
-    return shares
-
-
-def _priced(quote: PriceQuote, amounts: Amounts) -> int:
-    """Signed cost of a token difference at `quote` (OpenAI semantics: input includes cached)."""
-    exact = (Fraction(amounts.input_tokens - amounts.cached_tokens) * Fraction(quote.input)
-             + Fraction(amounts.cached_tokens) * Fraction(quote.cached_input)
-             + Fraction(amounts.output_tokens) * Fraction(quote.output)) * PICO_PER_TOKEN_AT_ONE_USD
-    return round(exact)
 
 
 def _utc(value: date | datetime) -> datetime:
@@ -510,45 +397,3 @@ def _utc(value: date | datetime) -> datetime:
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     return datetime.combine(value, time(0), tzinfo=UTC)
 
-
-def _render(report: ReconciliationReport) -> list[str]:
-    w = report.window
-    period = (f"UTC days {w.start.date()} up to (not including) {w.end.date()}" if w.whole_days
-              else f"{w.start.isoformat(timespec='seconds')} to {w.end.isoformat(timespec='seconds')}")
-    lines = [f"Reconciliation of upstream `{report.upstream}` against {report.source}, {period}", ""]
-    table = [["DAY", "MODEL", "KEY", "REQUESTS", "INPUT TOKENS", "CACHED", "OUTPUT TOKENS", "COST USD", "DIFFERENCE USD", "RESULT"]]
-    details: dict[int, list[str]] = {}
-    for row in report.rows:
-        led, prov = row.ledger, row.provider
-        table.append([row.day.isoformat(), row.model, row.key_id or "-", f"{led.requests}/{prov.requests}",
-                      f"{led.input_tokens}/{prov.input_tokens}", f"{led.cached_tokens}/{prov.cached_tokens}",
-                      f"{led.output_tokens}/{prov.output_tokens}", f"{usd(led.cost_pico)}/{usd(prov.cost_pico)}",
-                      _signed_usd(row.difference.cost_pico), ", ".join(row.reasons)])
-        extra = [f"  - {e.describe()}" for e in row.explanations]
-        unknown = {k: n for k, n in row.attempts.items() if k != "booked" and n}
-        if unknown:
-            extra.append("    ledger attempts without usage: " + ", ".join(f"{n} {k}" for k, n in sorted(unknown.items())))
-        if row.not_reported:
-            extra.append(f"    not in the provider's report (taken as equal): {', '.join(row.not_reported)}")
-        details[len(table) - 1] = extra
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for index, cells in enumerate(table):
-        lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip())
-        lines.extend(details.get(index, []))
-    if not report.rows:
-        lines.append("(neither the ledger nor the provider has usage in this period)")
-    totals = report.totals()
-    led, prov, diff = totals["ledger"], totals["provider"], totals["difference"]
-    lines += ["", "Columns are ledger/provider.",
-              f"Total: {led.requests}/{prov.requests} requests, {led.input_tokens}/{prov.input_tokens} input tokens, "
-              f"{led.output_tokens}/{prov.output_tokens} output tokens, ${usd(led.cost_pico)}/${usd(prov.cost_pico)} "
-              f"(difference {_signed_usd(diff.cost_pico)})"]
-    lines += [f"  {Explanation(reason, totals[reason]).describe()}" for reason in REASONS if reason in totals]
-    lines += [f"Note: {note}" for note in report.notes]
-    different = sum(not row.matched for row in report.rows)
-    lines.append("All groups matched." if not different else f"{different} of {len(report.rows)} groups differ.")
-    return lines
-
-
-def _signed_usd(pico: int) -> str:
-    return ("+" if pico >= 0 else "-") + "$" + usd(abs(pico))
