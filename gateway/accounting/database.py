@@ -15,6 +15,9 @@ from sqlmodel import SQLModel
 
 from gateway.accounting.tables import Budget, Reservation, SchemaVersion, Task, UsageEvent
 
+WRITER_LOCK_WAIT_S = 5.0
+READER_LOCK_WAIT_S = 30.0
+
 
 def normalise_url(url: str) -> str:
     """Accept plain `sqlite:///path` and `postgresql://...` and pick the driver."""
@@ -32,7 +35,11 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        # How long to wait for another process's write lock before giving up. The writer
+        # holds up every hold while it waits, so it gives up soon, with a clear error
+        # (requests get a 503, settlements go to the spool); readers wait longer.
+        lock_wait_s = WRITER_LOCK_WAIT_S if writer else READER_LOCK_WAIT_S
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": lock_wait_s})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
@@ -40,7 +47,7 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
             cursor.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed reservation survives power loss, not just a crash.
             cursor.execute("PRAGMA synchronous=FULL")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={int(lock_wait_s * 1000)}")
             cursor.close()
             # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin.
             dbapi_conn.isolation_level = None

@@ -108,3 +108,33 @@ def test_an_expired_hold_is_booked_with_the_table_defaults(engine: Engine) -> No
     assert event.day == "2026-11-29"
     assert (hold.state, hold.settled_pico) == ("expired", 70)
     assert tuple(spent) == (0, 70)
+
+
+def test_a_ledger_file_locked_by_another_process_refuses_holds_soon_and_recovers(engine: Engine, tmp_path: Path) -> None:
+    """Another process holding SQLite's write lock (a stray second gateway on the same
+    file, a backup tool) must not hang every request for half a minute: holds are
+    refused with 503 `not ready` within the writer's lock wait, and go through again
+    once the lock is released."""
+    import sqlite3
+    import time
+
+    from gateway.accounting.database import WRITER_LOCK_WAIT_S
+    from gateway.errors import NotReady
+
+    other = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+
+    async def body(ledger: Ledger) -> float:
+        started = time.monotonic()
+        with pytest.raises(NotReady, match="the ledger database is unreachable"):
+            await ledger.reserve(request(1, 100), [WIDE])
+        waited = time.monotonic() - started
+        other.execute("ROLLBACK")
+        await ledger.reserve(request(2, 100), [WIDE])
+        return waited
+
+    waited = with_ledger(engine, body)
+    other.close()
+    # The old 30 s wait (60 s with the reconnect) is what this guards against.
+    assert waited < 4 * WRITER_LOCK_WAIT_S
+    assert tuple(budget(engine, WIDE.budget_id)) == (100, 1)
