@@ -38,13 +38,14 @@ def engine(tmp_path: Path) -> Engine:
     return engine
 
 
-def with_ledger(engine: Engine, body: Callable[[Ledger], Awaitable[T]], *, batch_first: bool = False) -> T:
+def with_ledger(engine: Engine, body: Callable[[Ledger], Awaitable[T]], *, batch_first: bool = False,
+                kind: type[Ledger] = Ledger) -> T:
     async def main() -> T:
         writer = GroupCommitWriter(engine)
         if not batch_first:
             writer.start()
         try:
-            return await body(Ledger(writer))
+            return await body(kind(writer))
         finally:
             await writer.stop()
 
