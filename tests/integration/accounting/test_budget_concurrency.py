@@ -1,5 +1,6 @@
 """Budgets hold under concurrency across replicas: three gateway processes sharing one
-PostgreSQL ledger, 60 clients at once, a budget that fits exactly K requests."""
+ledger (PostgreSQL, or one SQLite file), 60 clients at once, a budget that fits exactly
+K requests."""
 
 from __future__ import annotations
 
@@ -77,14 +78,17 @@ def assert_exactly_k(responses: list[httpx.Response]) -> None:
 
 
 @pytest.mark.services
+@pytest.mark.parametrize("ledger", ["postgresql", "sqlite"])
 def test_tenant_and_task_budgets_admit_exactly_k_across_three_replicas(
-    tmp_path: Path, postgres_url: str, redis_prefix: tuple[str, str]
+    tmp_path: Path, redis_prefix: tuple[str, str], request: pytest.FixtureRequest, ledger: str
 ) -> None:
+    # SQLite: three processes on one ledger file, taking turns on its write lock.
+    database_url = request.getfixturevalue("postgres_url") if ledger == "postgresql" else f"sqlite:///{tmp_path / 'ledger.db'}"
     capped, agents = new_api_key(), new_api_key()
     with run_asgi_in_thread(create_hosted_app(HostedSimConfig())) as hosted:
         policy = tmp_path / "policy.yaml"
         write_policy(policy, hosted, capped, agents)
-        env = {"DATABASE_URL": postgres_url, "REDIS_URL": redis_prefix[0], "GATEWAY_VAR_DIR": str(tmp_path / "var")}
+        env = {"DATABASE_URL": database_url, "REDIS_URL": redis_prefix[0], "GATEWAY_VAR_DIR": str(tmp_path / "var")}
         with gateway_processes(3, policy, env, tmp_path) as gateways:
             urls = [g.url for g in gateways]
             assert_exactly_k(asyncio.run(fire(urls, capped, {})))
@@ -100,7 +104,7 @@ def test_tenant_and_task_budgets_admit_exactly_k_across_three_replicas(
             assert Decimal(books["budget"]["reserved_usd"]) == 0 and Decimal(books["budget"]["remaining_usd"]) == 0
             assert sum(1 for e in books["events"] if e["status"] == "ok") == K
 
-    engine = create_engine(normalise_url(postgres_url))
+    engine = create_engine(normalise_url(database_url))
     with engine.connect() as conn:
         budgets = conn.execute(text("SELECT scope, limit_pico, reserved_pico, spent_pico FROM budgets")).all()
         open_holds = conn.execute(text("SELECT count(*) FROM reservations WHERE state = 'reserved'")).scalar_one()
