@@ -11,9 +11,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import anyio
-from redis.asyncio import Redis
 from sqlalchemy import Engine, text
 
 from gateway.accounting.books import Accounting
@@ -27,8 +27,6 @@ from gateway.accounting.writer import GroupCommitWriter
 from gateway.admission.buckets import Buckets, InProcessBuckets
 from gateway.admission.gate import AdmissionGate
 from gateway.admission.queue import AdmissionQueue
-from gateway.admission.redis_buckets import RedisBuckets
-from gateway.caching.redis_store import RedisStore
 from gateway.caching.response_cache import ResponseCache
 from gateway.caching.salts import TenantSalts, load_or_create_secret
 from gateway.caching.store import CacheStore, MemoryStore, TolerantStore
@@ -45,6 +43,9 @@ from gateway.upstreams.health import UpstreamHealth
 from gateway.upstreams.registry import UpstreamRegistry
 from gateway.upstreams.tools import ToolClient
 from gateway.verify.signals import Verifier
+
+if TYPE_CHECKING:  # imported only where Redis is configured (see `_shared_state`)
+    from redis.asyncio import Redis
 
 log = logging.getLogger("gateway")
 
@@ -95,14 +96,9 @@ class Services:
         accounting.warm_headroom(reader, policies.current, datetime.now(UTC))
         secret = load_or_create_secret(settings.gateway_secret, settings.gateway_var_dir)
         salts = TenantSalts(secret)
-        redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
-        prefix = settings.gateway_redis_prefix
-        retrier = Retrier(UpstreamHealth(redis, prefix))
-        buckets: Buckets = RedisBuckets(redis, prefix) if redis is not None else InProcessBuckets()
+        redis, buckets, store = _shared_state(settings, policies.current.policy.defaults.response_cache_max_bytes)
+        retrier = Retrier(UpstreamHealth(redis, settings.gateway_redis_prefix))
         admission = AdmissionGate(AdmissionQueue(buckets))
-        # The in-process cache's size bound is read once, at start-up.
-        store: CacheStore = (TolerantStore(RedisStore(redis, prefix)) if redis is not None
-                             else MemoryStore(policies.current.policy.defaults.response_cache_max_bytes))
         pipeline = Pipeline(PipelineParts(policies, upstreams, metrics, salts, accounting, retrier, admission,
                                           ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier(), IdSource(),
                                           tokenizers))
@@ -169,6 +165,22 @@ class Services:
         await self.writer.stop()
         self.writer.engine.dispose()
         self.reader.dispose()
+
+
+def _shared_state(settings: Settings, cache_max_bytes: int) -> tuple[Redis | None, Buckets, CacheStore]:
+    """Buckets and caches in Redis when REDIS_URL is set, else in this process (the
+    in-process cache's size bound is read once, here). The Redis client is imported only
+    then: with the packages it pulls in, it is ~0.1 s of every start-up."""
+    if not settings.redis_url:
+        return None, InProcessBuckets(), MemoryStore(cache_max_bytes)
+    from redis.asyncio import Redis
+
+    from gateway.admission.redis_buckets import RedisBuckets
+    from gateway.caching.redis_store import RedisStore
+
+    redis = Redis.from_url(settings.redis_url)
+    prefix = settings.gateway_redis_prefix
+    return redis, RedisBuckets(redis, prefix), TolerantStore(RedisStore(redis, prefix))
 
 
 def _maintain_indexes(engine: Engine) -> None:

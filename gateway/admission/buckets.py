@@ -48,6 +48,9 @@ class TakeResult:
 
 
 class Buckets(Protocol):
+    # What the store raises when it cannot be reached: the gate answers those with 503.
+    unreachable: tuple[type[Exception], ...]
+
     async def take(self, takes: Sequence[tuple[BucketSpec, float]], now: float | None = None) -> TakeResult:
         """Take every amount, or none of them (atomically across all the given buckets).
 
@@ -117,6 +120,7 @@ class InProcessBuckets:
     # Full buckets are forgotten (absent means full) on a sweep every this many calls,
     # so memory follows the active keys, not every tenant ever seen.
     _SWEEP_EVERY = 1024
+    unreachable: tuple[type[Exception], ...] = ()  # nothing to reach
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock

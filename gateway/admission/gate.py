@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 import time
 
-from redis.exceptions import RedisError
-
 from gateway.admission.buckets import BucketSpec, TakeResult
 from gateway.admission.limits import (
     RPM,
@@ -66,7 +64,7 @@ class AdmissionGate:
         except Refused as refused:
             refused.headers.update(ratelimit_headers(refused.result, _first(own, RPM), _first(own, TPM)))
             raise
-        except RedisError as exc:
+        except self.queue.unreachable as exc:
             raise _store_down(exc) from None
         ctx.response_headers.update(ratelimit_headers(result, _first(own, RPM), _first(own, TPM)))
         return Admitted(tokens, [s for s in specs if spec_kind(s) == TPM])
@@ -84,7 +82,7 @@ class AdmissionGate:
             for spec in admitted.token_specs:
                 try:
                     await self.queue.adjust(spec, delta)
-                except RedisError as exc:  # the answer is already out; the estimate stands
+                except self.queue.unreachable as exc:  # the answer is already out; the estimate stands
                     log.warning("could not correct %s by %+.0f tokens: %s", spec.key, delta, exc)
 
     async def pace_upstream(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> TakeResult | None:
@@ -97,7 +95,7 @@ class AdmissionGate:
         try:
             return await self.queue.admit(f"upstream:{target.upstream}", request_takes(specs, tokens), max_queue=1_000_000,
                                           max_wait_s=max(0.0, ctx.deadline - time.monotonic()), deadline=ctx.deadline)
-        except RedisError as exc:
+        except self.queue.unreachable as exc:
             raise _store_down(exc) from None
         except Refused as refused:
             raise UpstreamTimeout(f"upstream `{target.upstream}`'s configured limits leave no room before this request's deadline "

@@ -85,6 +85,11 @@ class AdmissionQueue:
         self._clock = clock  # the clock `deadline` is on; only durations cross into the buckets
         self._scopes: dict[str, _ScopeState] = {}
 
+    @property
+    def unreachable(self) -> tuple[type[Exception], ...]:
+        """What the buckets' store raises when it cannot be reached."""
+        return self._buckets.unreachable
+
     def waiting(self, scope: str) -> int:
         state = self._scopes.get(scope)
         return len(state.waiters) if state else 0

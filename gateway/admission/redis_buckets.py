@@ -129,6 +129,8 @@ class RedisBuckets:
     most refill_per_s x one round trip (0.01 requests at 600 rpm and 1 ms).
     """
 
+    unreachable: tuple[type[Exception], ...] = (redis.RedisError,)
+
     def __init__(self, client: redis.Redis, prefix: str = "gw") -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError(f"the key prefix must not contain braces (they are the hash tag): {prefix!r}")

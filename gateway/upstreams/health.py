@@ -8,11 +8,12 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from typing import TYPE_CHECKING
 
 from gateway.upstreams.ratelimit_headers import ProviderLimits, parse_provider_limits
+
+if TYPE_CHECKING:  # imported only where Redis is configured: it costs start-up time otherwise
+    from redis.asyncio import Redis
 
 log = logging.getLogger("gateway.upstreams")
 REDIS_RECHECK_S = 0.5
@@ -29,6 +30,7 @@ class _State:
 class UpstreamHealth:
     def __init__(self, redis: Redis | None = None, prefix: str = "gw") -> None:
         self._redis = redis
+        self._redis_errors: tuple[type[Exception], ...] = _redis_errors() if redis is not None else ()
         self._prefix = prefix
         self._states: dict[str, _State] = {}
 
@@ -48,7 +50,7 @@ class UpstreamHealth:
             state.redis_checked = now
             try:
                 ttl_ms = await self._redis.pttl(self._key(upstream))
-            except RedisError as exc:  # a dead Redis must not stop traffic: fall back to local state
+            except self._redis_errors as exc:  # a dead Redis must not stop traffic: fall back to local state
                 log.warning("cooldown check failed for %s: %s", upstream, exc)
                 ttl_ms = -2
             if ttl_ms > 0:
@@ -90,6 +92,12 @@ class UpstreamHealth:
         if self._redis is not None:
             try:
                 await self._redis.set(self._key(upstream), b"1", px=int(cooldown_s * 1000))
-            except RedisError as exc:
+            except self._redis_errors as exc:
                 log.warning("could not share the cooldown of %s: %s", upstream, exc)
         return True
+
+
+def _redis_errors() -> tuple[type[Exception], ...]:
+    from redis.exceptions import RedisError
+
+    return (RedisError,)
