@@ -170,7 +170,8 @@ class Services:
 def _shared_state(settings: Settings, cache_max_bytes: int) -> tuple[Redis | None, Buckets, CacheStore]:
     """Buckets and caches in Redis when REDIS_URL is set, else in this process (the
     in-process cache's size bound is read once, here). The Redis client is imported only
-    then: with the packages it pulls in, it is ~0.1 s of every start-up."""
+    then: it and the packages it pulls in add to every start-up and serve no purpose
+    without Redis."""
     if not settings.redis_url:
         return None, InProcessBuckets(), MemoryStore(cache_max_bytes)
     from redis.asyncio import Redis
