@@ -28,7 +28,7 @@ HOLD = (
     "UPDATE budgets SET reserved_pico = reserved_pico + :amount, calls_used = calls_used + 1,"
     " tokens_reserved = tokens_reserved + :tokens, limit_pico = COALESCE(:limit, limit_pico)"
     " WHERE id = :id"
-    " AND (COALESCE(:limit, limit_pico) IS NULL OR spent_pico + reserved_pico + :amount <= COALESCE(:limit, limit_pico))"
+    " AND (COALESCE(:limit, limit_pico) IS NULL OR spent_pico + reserved_pico + :amount + :margin <= COALESCE(:limit, limit_pico))"
     " AND (calls_limit IS NULL OR calls_used + 1 <= calls_limit)"
     " AND (tokens_limit IS NULL OR tokens_used + tokens_reserved + :tokens <= tokens_limit)"
 )
@@ -37,12 +37,15 @@ LEFT = "limit_pico - spent_pico - reserved_pico"
 HOLD_RETURNING = f"{HOLD} RETURNING {LEFT}"
 BUDGET_LEFT = f"SELECT {LEFT} FROM budgets WHERE id = :id"
 BUDGET_STATE = "SELECT limit_pico, reserved_pico, spent_pico, calls_limit, calls_used FROM budgets WHERE id = :id"
+# A hold made ahead of demand (accounting/ahead.py) learns here which request drew on it.
 END_RESERVATION = (
-    "UPDATE reservations SET state = :state, settled_pico = :charged, ended_at = :now WHERE id = :id AND state = 'reserved'"
+    "UPDATE reservations SET state = :state, settled_pico = :charged, ended_at = :now,"
+    " request_id = COALESCE(:drawn_by, request_id) WHERE id = :id AND state = 'reserved'"
 )
 MOVE_TO_SPENT = (
     "UPDATE budgets SET reserved_pico = reserved_pico - :amount, spent_pico = spent_pico + :charged,"
-    " tokens_reserved = tokens_reserved - :tokens, tokens_used = tokens_used + :used WHERE id = :id"
+    " tokens_reserved = tokens_reserved - :tokens, tokens_used = tokens_used + :used, calls_used = calls_used - :unused"
+    " WHERE id = :id"
 )
 
 
@@ -68,6 +71,10 @@ ORPHANS = f"SELECT {', '.join(ORPHAN_COLUMNS)} FROM reservations WHERE state = '
 # What an expired hold's `unconfirmed` event copies from its reservation row.
 ORPHAN_EVENT_FIELDS = ("request_id", "tenant", "key_id", "task_id", "endpoint", "model", "upstream_model", "upstream",
                        "prompt_tokens_est")
+# The request id of a hold made ahead of demand, until a request draws on it.
+AHEAD = "ahead_"
+AHEAD_HOLD = f"rsv_{AHEAD}"
+NAME_REQUEST = f"UPDATE reservations SET request_id = :request_id WHERE id = :id AND substr(request_id, 1, {len(AHEAD)}) = '{AHEAD}'"
 # PostgreSQL, the common settlement (one hold, one event) in one round trip.
 BOOK_END_AND_SPEND = f"WITH booked AS ({INSERT_EVENT} RETURNING 1), {END_AND_SPEND.removeprefix('WITH ')}"
 
@@ -92,6 +99,8 @@ class Hold:
     # The least any money-limited claim had left once this hold was in (limit - spent -
     # reserved); None when no claim has a money limit. Known when the hold was made.
     headroom_pico: int | None = None
+    # A hold made ahead of demand: the request that drew on it (recorded at settle).
+    claimed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +119,8 @@ class HoldRequest:
     expires_at: datetime
     now: datetime
     sequence: int = 0
+    # Hold only if each money-limited claim keeps at least this much left afterwards.
+    margin_pico: int = 0
 
 
 class _Refused(Refusal):
@@ -143,7 +154,8 @@ class Ledger:
         def each_claim(sql: Native) -> Hold:
             left: list[int] = []
             for claim in claims:
-                params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico}
+                params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico,
+                          "margin": request.margin_pico}
                 held, claim_left = _hold(sql, params)
                 if not held and sql.fetchone(BUDGET_STATE, {"id": claim.budget_id}) is None:
                     # The first hold on this budget (a new tenant, a new period): create it.
@@ -161,7 +173,7 @@ class Ledger:
         one = None
         if len(claims) == 1 and self.writer.one_trip:
             one = Staged(HOLD_AND_RECORD, {**row, "budget_id": claims[0].budget_id, "limit": claims[0].limit_pico,
-                                           "amount": request.amount_pico}, after_hold)
+                                           "amount": request.amount_pico, "margin": request.margin_pico}, after_hold)
 
         def op(sql: Native) -> Hold:
             return one.run(sql) if one is not None else each_claim(sql)
@@ -204,9 +216,25 @@ class Ledger:
                 BOOKED, {"r": e["request_id"], "a": e["attempt"], "k": e.get("kind", "model")}))]
             if events_left:
                 sql.executemany(INSERT_EVENT, [{**EVENT_DEFAULTS, **e} for e in events_left])
+            # A hold made ahead that stays open (the call's usage is unknown) still names its request.
+            ending = {hold.id for hold in holds}
+            for e in events_left:
+                drawn = e.get("reservation_id")
+                if drawn and drawn.startswith(AHEAD_HOLD) and drawn not in ending:
+                    sql.execute(NAME_REQUEST, {"id": drawn, "request_id": e["request_id"]})
             return ended
 
         return await self.writer.run(op, lazy=lazy, staged=one)
+
+    async def release_unused(self, holds: list[Hold], now: datetime, *, lazy: bool = True) -> None:
+        """End holds made ahead of demand that no request drew on: the money, the tokens
+        and the call they counted go back to their budgets."""
+
+        def op(sql: Native) -> None:
+            for hold in holds:
+                _end(sql, hold, 0, 0, "released", now, unused=1)
+
+        await self.writer.run(op, lazy=lazy)
 
     async def expire_orphans(self, now: datetime) -> int:
         """Holds whose request never settled (a crash, a lost stream) past their expiry.
@@ -223,23 +251,30 @@ class Ledger:
                     sql.execute(INSERT_EVENT, {**EVENT_DEFAULTS, **{k: row[k] for k in ORPHAN_EVENT_FIELDS}, **dict(
                         attempt=0, reservation_id=row["id"], kind="model", status="unconfirmed", usage_known=False,
                         cost_pico=row["amount_pico"], created_at=created, day=created.date().isoformat(),
-                        error="no usage was confirmed before the reservation expired; charged the reserved worst case")})
+                        error=_orphan_reason(row["request_id"]))})
             return len(rows)
 
         return int(await self.writer.run(op))
 
 
-def _end_params(hold: Hold, charged: int, used: int, state: str, now: datetime) -> dict[str, Any]:
+def _orphan_reason(request_id: str) -> str:
+    if request_id.startswith(AHEAD):
+        return ("held ahead of demand and still open when the gateway stopped; a call may have drawn on it and no usage "
+                "was confirmed before the reservation expired, so it was charged the reserved worst case")
+    return "no usage was confirmed before the reservation expired; charged the reserved worst case"
+
+
+def _end_params(hold: Hold, charged: int, used: int, state: str, now: datetime, unused: int = 0) -> dict[str, Any]:
     return {"state": state, "charged": charged, "now": now, "id": hold.id, "budget_ids": list(hold.budget_ids),
-            "amount": hold.amount_pico, "tokens": hold.tokens, "used": used}
+            "amount": hold.amount_pico, "tokens": hold.tokens, "used": used, "drawn_by": hold.claimed_by, "unused": unused}
 
 
 def _ended(sql: Native, row: Row | None) -> bool:
     return row is not None and row[0] == 1
 
 
-def _end(sql: Native, hold: Hold, charged: int, used: int, state: str, now: datetime) -> bool:
-    params = _end_params(hold, charged, used, state, now)
+def _end(sql: Native, hold: Hold, charged: int, used: int, state: str, now: datetime, unused: int = 0) -> bool:
+    params = _end_params(hold, charged, used, state, now, unused)
     if sql.one_trip:
         return _ended(sql, sql.fetchone(END_AND_SPEND, params))
     if sql.execute(END_RESERVATION, params) != 1:
