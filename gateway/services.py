@@ -161,6 +161,7 @@ class Services:
         await self.tools.client.aclose()
         if self.redis is not None:
             await self.redis.aclose()
+        await self.accounting.ahead.drain()  # holds made ahead that no request drew on go back to their budgets
         await self.accounting.flush()  # settlements still committing in the background
         await self.writer.stop()
         self.writer.engine.dispose()

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Engine, bindparam, text
 
+from gateway.accounting.ahead import AheadKey, HoldsAhead
 from gateway.accounting.headroom import Headroom
 from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, expiry
 from gateway.accounting.money import pico_from_usd
@@ -53,6 +54,7 @@ class Accounting:
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
         self.headroom = Headroom()
+        self.ahead = HoldsAhead(ledger, spool)
         self._pending: set[asyncio.Task[None]] = set()  # settlements committing in the background
         self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
 
@@ -126,9 +128,10 @@ class Accounting:
             await self._top_up(ctx, policy, target, needed, tokens, now)
         except BudgetExceeded:
             self.headroom.forget(ctx.claims)
-            if ctx.prompt.counted is not None:
+            gave_back = await self.ahead.give_back({claim.budget_id for claim in ctx.claims})
+            if ctx.prompt.counted is not None and not gave_back:
                 raise
-            # Held against the bound and refused: the exact count may still fit.
+            # Held against the bound, or beside money held ahead, and refused: it may still fit.
             needed, tokens = self.needed(ctx, policy, target, now, await ctx.prompt.count())
             await self._top_up(ctx, policy, target, needed, tokens, now)
 
@@ -149,10 +152,33 @@ class Accounting:
         held = sum(h.amount_pico for h in ctx.holds)
         if needed <= held:
             return
-        hold = await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now)
+        defaults = policy.policy.defaults
+        ahead = self._ahead_key(ctx, target) if defaults.hold_ahead_s and not ctx.holds else None
+        hold = None
+        if ahead is not None:
+            hold = await self.ahead.draw(ahead, needed, tokens, self._expiry(ctx, policy, now), ctx.request_id)
+        if hold is None:
+            hold = await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now)
+            for claim in ctx.claims:  # the smallest room left over all claims: a safe figure for each
+                self.headroom.record(claim.budget_id, hold.headroom_pico)
         ctx.holds.append(hold)
-        for claim in ctx.claims:  # the smallest room left over all claims: a safe figure for each
-            self.headroom.record(claim.budget_id, hold.headroom_pico)
+        if ahead is not None and self.headroom.ample(ctx.claims, needed):
+            # Sized a little over this request, so that the next one's prompt may be longer.
+            self.ahead.prepare(ahead, needed + needed // 4, tokens + tokens // 4, defaults.hold_ahead_s,
+                               defaults.request_timeout_s + defaults.reservation_grace_s)
+
+    @staticmethod
+    def _ahead_key(ctx: RequestContext, target: ModelTarget) -> AheadKey | None:
+        """Requests on a tenant budget alone get holds made ahead; task budgets limit
+        calls and tokens too, and live too briefly for it."""
+        if len(ctx.claims) != 1 or not ctx.claims[0].scope.startswith("tenant:"):
+            return None
+        return AheadKey(ctx.tenant, ctx.key_id, ctx.endpoint, target.name, target.upstream_model, target.upstream, ctx.claims[0])
+
+    @staticmethod
+    def _expiry(ctx: RequestContext, policy: RuntimePolicy, now: datetime) -> datetime:
+        """When the sweeper may expire this request's hold: past its deadline, plus grace."""
+        return expiry(max(0.0, ctx.deadline - ctx.timeline.enqueue), now, policy.policy.defaults.reservation_grace_s)
 
     def warm_headroom(self, reader: Engine, policy: RuntimePolicy, now: datetime) -> None:
         """What each tenant budget has left, read once at start-up, so the first requests
@@ -171,12 +197,10 @@ class Accounting:
 
     async def _hold(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, amount: int, tokens: int,
                     now: datetime) -> Hold:
-        deadline_s = max(0.0, ctx.deadline - ctx.timeline.enqueue)
         request = HoldRequest(
             request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=target.name,
             upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=tokens,
-            prompt_tokens_est=ctx.prompt.best, now=now,
-            expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s), sequence=len(ctx.holds),
+            prompt_tokens_est=ctx.prompt.best, now=now, expires_at=self._expiry(ctx, policy, now), sequence=len(ctx.holds),
         )
         return await self.ledger.reserve(request, ctx.claims)
 

@@ -92,7 +92,8 @@ def _disconnect(fresh_stack: Stack) -> None:
     engine = create_engine(f"sqlite:///{fresh_stack.var_dir / 'ledger.db'}")
     wait_until(lambda: _status_count(engine, "cancelled") == 1)
     with engine.connect() as conn:
-        held = conn.execute(text("SELECT count(*) FROM reservations WHERE state = 'reserved'")).scalar_one()
+        # Not counted: the hold made ahead for this key's next request (accounting/ahead.py).
+        held = conn.execute(text("SELECT count(*) FROM reservations WHERE state = 'reserved' AND request_id NOT LIKE 'ahead%'")).scalar_one()
     engine.dispose()
     assert held == 1, "usage of the cancelled call is unknown: its hold stays until the sweeper or reconciliation ends it"
 

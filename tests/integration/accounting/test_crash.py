@@ -1,5 +1,6 @@
 """SIGKILL a gateway under load, restart it and sweep: every request the provider
-billed is in the ledger, and no hold is left open."""
+billed is in the ledger, and no hold is left open - a hold made ahead of demand
+included, charged as unconfirmed with a reason that says what it was."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
@@ -30,6 +31,7 @@ def write_policy(path: Path, hosted: str, key: str) -> None:
         defaults:
           request_timeout_s: 3
           reservation_grace_s: 0
+          hold_ahead_s: 1         # the hold made ahead that the kill leaves open expires 1 s after the others
         upstreams:
           hosted: {{kind: openai, base_url: "{hosted}/v1", api_key_env: CRASH_UPSTREAM_KEY}}
         models:
@@ -132,3 +134,58 @@ def test_sigkill_under_load_loses_no_billed_request(tmp_path: Path) -> None:
         explained = sum(r["requests"] for r in row["reasons"])
         assert explained == row["difference"]["requests"], row
     assert any(row["reasons"] for row in rows), "the killed requests must show up as explained differences"
+
+
+def open_holds(engine: Engine, ahead: bool) -> int:
+    made_ahead = "substr(request_id, 1, 6) = 'ahead_'"
+    where = made_ahead if ahead else f"NOT {made_ahead}"
+    with engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM reservations WHERE state = 'reserved' AND {where}")).scalar_one())
+
+
+def test_sigkill_with_a_hold_made_ahead_expires_it_as_unconfirmed_and_says_why(tmp_path: Path) -> None:
+    key = new_api_key()
+    os.environ["CRASH_UPSTREAM_KEY"] = UPSTREAM_KEY
+    with run_asgi_in_thread(create_hosted_app(HostedSimConfig(output_tokens=5))) as hosted:
+        policy = tmp_path / "policy.yaml"
+        write_policy(policy, hosted, key)
+        db = f"sqlite:///{tmp_path / 'ledger.db'}"
+        env = {"DATABASE_URL": db, "GATEWAY_ADMIN_KEY": ADMIN, "GATEWAY_VAR_DIR": str(tmp_path / "var"),
+               "GATEWAY_SWEEP_INTERVAL_S": "3600"}
+        engine = create_engine(db)
+        proc = GatewayProcess(policy, env, tmp_path / "gateway.log")
+        proc.start()
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "one"}]}
+        answer = httpx.post(f"{proc.url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=10)
+        assert answer.status_code == 200, answer.text
+        deadline = time.monotonic() + 10
+        # Killed once the answered call is booked and a hold for this key's next call is in.
+        while open_holds(engine, ahead=False) or open_holds(engine, ahead=True) == 0:
+            assert time.monotonic() < deadline, "a hold should have been made ahead of the next request"
+            time.sleep(0.02)
+        proc.kill()
+
+        restarted = GatewayProcess(policy, env, tmp_path / "gateway-2.log")
+        restarted.start()
+        try:
+            deadline = time.monotonic() + 20
+            while open_holds(engine, ahead=True):
+                httpx.post(f"{restarted.url}/admin/sweep", headers={"authorization": f"Bearer {ADMIN}"}).raise_for_status()
+                assert time.monotonic() < deadline, "the sweeper should expire the hold made ahead"
+                time.sleep(0.2)
+            with engine.connect() as conn:
+                [(cost, error)] = conn.execute(text(
+                    "SELECT cost_pico, error FROM usage_events WHERE status = 'unconfirmed'")).all()
+                [(held,)] = conn.execute(text("SELECT amount_pico FROM reservations WHERE state = 'expired'")).all()
+                reserved = conn.execute(text("SELECT sum(reserved_pico) FROM budgets")).scalar_one()
+            report = httpx.get(f"{restarted.url}/admin/reconcile", headers={"authorization": f"Bearer {ADMIN}"},
+                               params={"provider": "hosted", "since": datetime.now(UTC).date().isoformat()}, timeout=30)
+            assert report.status_code == 200, report.text
+        finally:
+            restarted.stop()
+            engine.dispose()
+
+    assert "held ahead of demand" in error and cost == held > 0, "charged its worst case, with the reason"
+    assert reserved == 0
+    [row] = report.json()["rows"]
+    assert {r["reason"] for r in row["reasons"]} == {"unconfirmed"}, row

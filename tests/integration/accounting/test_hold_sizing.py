@@ -1,6 +1,6 @@
-"""Holds sized from the prompt's free bound never cost a request that fits: when a
-budget shrinks under a running gateway, the next request is held at its counted size
-and still goes through; the one after that is refused."""
+"""Holds sized from the prompt's free bound, and money held ahead of demand, never cost
+a request that fits: when a budget shrinks under a running gateway, the next request is
+held at its counted size and still goes through; the one after that is refused."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import Engine, create_engine, text
 
 from gateway.accounting.tokens import count_chat_tokens
 from tests.e2e.test_hot_reload import reload_count
@@ -45,6 +46,11 @@ def test_a_budget_cut_to_one_more_request_still_admits_it(stack: Stack) -> None:
     # The prompt's byte bound is several times its token count: a hold sized from it would not fit.
     assert len(MESSAGES[0]["content"]) > 3 * count_chat_tokens(MESSAGES)
 
+    # The first answer left a hold made ahead for the next request (accounting/ahead.py),
+    # sized for the old budget: the cut leaves no room beside it.
+    engine = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
+    wait_until(lambda: ahead_holds(engine) == ["reserved"])
+
     before = reload_count(stack, "ok")
     stack.policy_path.write_text(stack.policy_path.read_text().replace('usd: "1000.00"', f'usd: "{spent + worst_case}"'))
     wait_until(lambda: reload_count(stack, "ok") > before)
@@ -53,3 +59,10 @@ def test_a_budget_cut_to_one_more_request_still_admits_it(stack: Stack) -> None:
     assert second.status_code == 200, second.text
     third = ask(stack)
     assert third.status_code == 429 and third.json()["error"]["code"] == "insufficient_quota", third.text
+    assert ahead_holds(engine) == ["released"], "given back so the request that fits could hold"
+    engine.dispose()
+
+
+def ahead_holds(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return [row[0] for row in conn.execute(text("SELECT state FROM reservations WHERE substr(request_id, 1, 6) = 'ahead_'"))]

@@ -1,0 +1,201 @@
+"""Holds made ahead of demand, on a temporary SQLite and PostgreSQL ledger: the next matching request
+draws on one without a commit of its own, the books name the request that did, and
+money held ahead goes back to the budget - call count included - when nobody draws on
+it, when the gateway stops, and (through the spool) when the ledger was down. Near the
+end of a budget nothing is held ahead. Last, the same through a running gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from gateway.accounting.ahead import AheadKey, HoldsAhead
+from gateway.accounting.database import make_engine, migrate
+from gateway.accounting.ledger import BudgetClaim, Hold, Ledger
+from gateway.accounting.money import pico_from_usd
+from gateway.accounting.spool import SettlementSpool
+from tests.e2e.test_openai_sdk import wait_until
+from tests.integration.accounting.test_hold_sizing import ask, with_budget
+from tests.support.stack import running_stack
+from tests.unit.accounting.test_ledger import NOW, WIDE, with_ledger
+from tests.unit.accounting.test_spool import event
+
+ROOMY = BudgetClaim("tenant:acme:month:2026-11-01", "tenant:acme", "tenant `acme` budget", "2026-11-01", 10**12)
+KEY = AheadKey("acme", "key_1", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", ROOMY)
+LATER = NOW + timedelta(seconds=30)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else f"sqlite:///{tmp_path / 'ledger.db'}"
+    engine = make_engine(url, writer=True)
+    migrate(engine)
+    yield engine
+    engine.dispose()
+
+
+def budget(engine: Engine, claim: BudgetClaim = ROOMY) -> tuple[int, int, int]:
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT reserved_pico, spent_pico, calls_used FROM budgets WHERE id = :id"),
+                           {"id": claim.budget_id}).one_or_none()
+    return (0, 0, 0) if row is None else (row[0], row[1], row[2])
+
+
+def reservations(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT request_id, state, settled_pico FROM reservations")).all())
+
+
+async def ready(ahead: HoldsAhead, key: AheadKey = KEY, amount: int = 100, window_s: float = 10.0) -> None:
+    """Hold ahead for `key`, and wait until the hold is in."""
+    ahead.prepare(key, amount, 10, window_s, 60.0)
+    await asyncio.gather(*ahead._making.values())
+
+
+def test_the_next_matching_request_draws_on_the_hold_and_the_books_name_it(engine: Engine, tmp_path: Path) -> None:
+    async def main(ledger: Ledger) -> Hold | None:
+        ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
+        await ready(ahead)
+        batches = ledger.writer.batches
+        hold = await ahead.draw(KEY, 80, 8, LATER, "req_9")
+        assert ledger.writer.batches == batches, "drawing on a hold made ahead commits nothing"
+        assert hold is not None
+        assert await ledger.settle([hold], 30, 7, [event(9, hold.id)], NOW)
+        return hold
+
+    hold = with_ledger(engine, main)
+    assert hold is not None and hold.amount_pico == 100 and hold.claimed_by == "req_9"
+    assert reservations(engine) == [("req_9", "settled", 30)]
+    assert budget(engine) == (0, 30, 1)
+
+
+def test_a_request_the_hold_does_not_cover_holds_for_itself(engine: Engine, tmp_path: Path) -> None:
+    other_model = AheadKey("acme", "key_1", "chat", "gpt-4o", "gpt-4o", "hosted", ROOMY)
+
+    async def main(ledger: Ledger) -> list[Hold | None]:
+        ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
+        await ready(ahead)
+        misses = [await ahead.draw(other_model, 10, 1, LATER, "req_1"),
+                  await ahead.draw(KEY, 101, 1, LATER, "req_2"),  # costs more at worst
+                  await ahead.draw(KEY, 10, 11, LATER, "req_3"),  # more tokens
+                  await ahead.draw(KEY, 10, 1, NOW + timedelta(days=1), "req_4")]  # would outlive it
+        assert ahead.held() == 1
+        await ahead.drain()
+        return misses
+
+    assert with_ledger(engine, main) == [None, None, None, None]
+
+
+def test_a_hold_nobody_draws_on_goes_back_with_its_call(engine: Engine, tmp_path: Path) -> None:
+    async def main(ledger: Ledger) -> tuple[int, int, int]:
+        ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
+        await ready(ahead, window_s=0.05)
+        held = budget(engine)
+        deadline = time.monotonic() + 10
+        while ahead.held() or ahead._releasing:
+            assert time.monotonic() < deadline, "an unused hold made ahead must be released"
+            await asyncio.sleep(0.01)
+        return held
+
+    assert with_ledger(engine, main) == (100, 0, 1)
+    assert budget(engine) == (0, 0, 0)
+    [(request_id, state, settled)] = reservations(engine)
+    assert request_id.startswith("ahead_") and state == "released" and settled == 0
+
+
+def test_stopping_releases_every_hold_made_ahead(engine: Engine, tmp_path: Path) -> None:
+    keys = [AheadKey("acme", f"key_{n}", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", ROOMY) for n in range(3)]
+
+    async def main(ledger: Ledger) -> None:
+        ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
+        for key in keys:
+            ahead.prepare(key, 100, 10, 10.0, 60.0)  # still being made when the drain starts
+        await ahead.drain()
+        assert ahead.held() == 0
+
+    with_ledger(engine, main)
+    assert budget(engine) == (0, 0, 0)
+    assert sorted(state for _, state, _ in reservations(engine)) == ["released"] * 3
+
+
+def test_nothing_is_held_ahead_near_the_end_of_a_budget(engine: Engine, tmp_path: Path) -> None:
+    async def main(ledger: Ledger) -> int:
+        ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
+        key = AheadKey("acme", "key_1", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", WIDE)
+        await ready(ahead, key)  # 100 of WIDE's 1,000 would leave room for fewer than 1,000 more
+        return ahead.held()
+
+    assert with_ledger(engine, main) == 0
+    assert budget(engine, WIDE) == (0, 0, 0)
+    assert reservations(engine) == []
+
+
+def test_a_drawn_hold_whose_usage_is_unknown_names_its_request_until_it_expires(engine: Engine, tmp_path: Path) -> None:
+    async def main(ledger: Ledger) -> int:
+        ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
+        await ready(ahead, KEY)
+        drawn = await ahead.draw(KEY, 80, 8, LATER, "req_5")
+        assert drawn is not None
+        # The call was cut off: its event is booked, its hold stays for the sweeper.
+        await ledger.settle([], 0, 0, [{**event(5, drawn.id), "status": "cancelled", "usage_known": False, "cost_pico": 0}], NOW)
+        await ready(ahead, AheadKey("acme", "key_2", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", ROOMY))
+        return await ledger.expire_orphans(NOW + timedelta(days=1))  # as if the gateway had died
+
+    assert with_ledger(engine, main) == 2
+    with engine.connect() as conn:
+        unconfirmed = dict(conn.execute(text("SELECT request_id, error FROM usage_events WHERE status = 'unconfirmed'")).all())
+    assert set(unconfirmed) == {"req_5", *(r for r in unconfirmed if r.startswith("ahead_"))} and len(unconfirmed) == 2
+    drawn_reason = unconfirmed.pop("req_5")
+    [never_drawn_reason] = unconfirmed.values()
+    assert "held ahead" not in drawn_reason
+    assert "held ahead of demand" in never_drawn_reason
+    assert budget(engine) == (0, 200, 2), "an expired hold is charged its worst case, whoever made it"
+
+
+def test_a_release_spooled_while_the_ledger_was_down_gives_the_call_back_too(engine: Engine, tmp_path: Path) -> None:
+    spool = SettlementSpool(tmp_path / "var")
+
+    async def main(ledger: Ledger) -> int:
+        ahead = HoldsAhead(ledger, spool)
+        await ready(ahead)
+        [unused] = [r.hold for r in ahead._ready.values()]
+        spool.write([unused], 0, 0, [], NOW, unused=True)  # what `_give_back` does when the ledger is down
+        return await spool.replay(ledger)
+
+    assert with_ledger(engine, main) == 1
+    assert budget(engine) == (0, 0, 0)
+
+
+def test_through_the_gateway_the_next_call_draws_on_the_hold_and_stopping_gives_the_rest_back(tmp_path: Path) -> None:
+    with running_stack(tmp_path, edit_policy=with_budget) as stack:
+        ledger = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
+        first = ask(stack)
+        made_ahead = "SELECT count(*) FROM reservations WHERE state = 'reserved' AND substr(request_id, 1, 6) = 'ahead_'"
+        wait_until(lambda: ledger_rows(ledger, made_ahead) == [(1,)])
+        second = ask(stack)
+        assert first.status_code == second.status_code == 200, (first.text, second.text)
+        drawn = second.headers["x-request-id"]
+        wait_until(lambda: ledger_rows(ledger, "SELECT state FROM reservations WHERE request_id = :r", r=drawn) == [("settled",)])
+        [(reservation_id,)] = ledger_rows(ledger, "SELECT reservation_id FROM usage_events WHERE request_id = :r", r=drawn)
+        assert reservation_id.startswith("rsv_ahead_"), "the second call drew on the hold made ahead of it"
+    # Stopped: the hold made ahead of a third call went back, call count included.
+    [(reserved, spent, calls)] = ledger_rows(ledger, "SELECT reserved_pico, spent_pico, calls_used FROM budgets")
+    [(booked,)] = ledger_rows(ledger, "SELECT sum(cost_pico) FROM usage_events")
+    states = sorted(state for (state,) in ledger_rows(ledger, "SELECT state FROM reservations"))
+    ledger.dispose()
+    assert (reserved, spent, calls) == (0, booked, 2)
+    assert booked == pico_from_usd(Decimal(first.headers["x-gateway-cost-usd"]) + Decimal(second.headers["x-gateway-cost-usd"]))
+    assert states == ["released", "settled", "settled"]
+
+
+def ledger_rows(engine: Engine, sql: str, **params: str) -> list[Any]:
+    with engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(text(sql), params)]
