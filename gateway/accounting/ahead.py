@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from gateway.accounting.headroom import AMPLE_HOLDS
 from gateway.accounting.ledger import AHEAD, BudgetClaim, Hold, HoldRequest, Ledger
@@ -36,9 +37,9 @@ log = logging.getLogger("gateway.ledger")
 MAX_READY = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class AheadKey:
-    """What a hold made ahead is for: a request draws on it only if it matches."""
+class AheadKey(NamedTuple):
+    """What a hold made ahead is for: a request draws on it only if it matches. A tuple
+    of strings, so that the lookups on every request hash in C."""
 
     tenant: str
     key_id: str
@@ -46,7 +47,8 @@ class AheadKey:
     model: str
     upstream_model: str
     upstream: str
-    claim: BudgetClaim
+    budget_id: str
+    limit_pico: int | None
 
 
 @dataclass(slots=True)
@@ -54,6 +56,7 @@ class _Ready:
     hold: Hold
     expires_at: datetime
     timer: asyncio.TimerHandle
+    claim: BudgetClaim
 
 
 class HoldsAhead:
@@ -86,19 +89,22 @@ class HoldsAhead:
             return None
         del self._ready[key]
         ready.timer.cancel()
-        return replace(ready.hold, claimed_by=request_id)
+        hold = ready.hold
+        return Hold(hold.id, hold.amount_pico, hold.tokens, hold.budget_ids, hold.headroom_pico, claimed_by=request_id)
 
-    def prepare(self, key: AheadKey, amount_pico: int, tokens: int, window_s: float, lifetime_s: float) -> None:
+    def prepare(self, key: AheadKey, claim: BudgetClaim, amount_pico: int, tokens: int, window_s: float,
+                lifetime_s: float) -> None:
         """Hold for the next request like this one, in the background: released if none
         draws on it within `window_s`. `lifetime_s`: how long a request that draws on it
         may take, its grace before expiry included."""
         if key in self._ready or key in self._making or len(self._ready) + len(self._making) >= self.max_ready:
             return
-        task = asyncio.get_running_loop().create_task(self._make(key, amount_pico, tokens, window_s, lifetime_s))
+        task = asyncio.get_running_loop().create_task(self._make(key, claim, amount_pico, tokens, window_s, lifetime_s))
         self._making[key] = task
         task.add_done_callback(lambda _: self._making.pop(key, None))
 
-    async def _make(self, key: AheadKey, amount_pico: int, tokens: int, window_s: float, lifetime_s: float) -> None:
+    async def _make(self, key: AheadKey, claim: BudgetClaim, amount_pico: int, tokens: int, window_s: float,
+                    lifetime_s: float) -> None:
         now = datetime.now(UTC)
         expires_at = now + timedelta(seconds=window_s + lifetime_s)
         request = HoldRequest(
@@ -106,11 +112,11 @@ class HoldsAhead:
             upstream_model=key.upstream_model, upstream=key.upstream, endpoint=key.endpoint, amount_pico=amount_pico,
             tokens=tokens, prompt_tokens_est=0, expires_at=expires_at, now=now, margin_pico=amount_pico * AMPLE_HOLDS)
         try:
-            hold = await self.ledger.reserve(request, [key.claim])
+            hold = await self.ledger.reserve(request, [claim])
         except (BudgetExceeded, NotReady):  # the budget is nearly spent, or the ledger is down: hold per request
             return
         timer = asyncio.get_running_loop().call_later(window_s, self._unused, key, hold)
-        self._ready[key] = _Ready(hold, expires_at, timer)
+        self._ready[key] = _Ready(hold, expires_at, timer, claim)
 
     def _unused(self, key: AheadKey, hold: Hold) -> None:
         ready = self._ready.get(key)
@@ -135,9 +141,9 @@ class HoldsAhead:
         """Release, and wait for, the holds made ahead on these budgets; True if there
         were any. For a request the budget refused: a cut to the budget may have left it
         no room beside them."""
-        making = [task for key, task in self._making.items() if key.claim.budget_id in budget_ids]
+        making = [task for key, task in self._making.items() if key.budget_id in budget_ids]
         await asyncio.gather(*making, return_exceptions=True)
-        keys = [key for key in self._ready if key.claim.budget_id in budget_ids]
+        keys = [key for key in self._ready if key.budget_id in budget_ids]
         if not keys:
             return False
         unused = [self._ready.pop(key) for key in keys]

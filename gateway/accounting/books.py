@@ -164,7 +164,7 @@ class Accounting:
         ctx.holds.append(hold)
         if ahead is not None and self.headroom.ample(ctx.claims, needed):
             # Sized a little over this request, so that the next one's prompt may be longer.
-            self.ahead.prepare(ahead, needed + needed // 4, tokens + tokens // 4, defaults.hold_ahead_s,
+            self.ahead.prepare(ahead, ctx.claims[0], needed + needed // 4, tokens + tokens // 4, defaults.hold_ahead_s,
                                defaults.request_timeout_s + defaults.reservation_grace_s)
 
     @staticmethod
@@ -173,7 +173,9 @@ class Accounting:
         calls and tokens too, and live too briefly for it."""
         if len(ctx.claims) != 1 or not ctx.claims[0].scope.startswith("tenant:"):
             return None
-        return AheadKey(ctx.tenant, ctx.key_id, ctx.endpoint, target.name, target.upstream_model, target.upstream, ctx.claims[0])
+        claim = ctx.claims[0]
+        return AheadKey(ctx.tenant, ctx.key_id, ctx.endpoint, target.name, target.upstream_model, target.upstream,
+                        claim.budget_id, claim.limit_pico)
 
     @staticmethod
     def _expiry(ctx: RequestContext, policy: RuntimePolicy, now: datetime) -> datetime:

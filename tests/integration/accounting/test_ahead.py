@@ -29,7 +29,11 @@ from tests.unit.accounting.test_ledger import NOW, WIDE, with_ledger
 from tests.unit.accounting.test_spool import event
 
 ROOMY = BudgetClaim("tenant:acme:month:2026-11-01", "tenant:acme", "tenant `acme` budget", "2026-11-01", 10**12)
-KEY = AheadKey("acme", "key_1", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", ROOMY)
+def key_on(claim: BudgetClaim, key_id: str = "key_1", model: str = "gpt-4o-mini") -> AheadKey:
+    return AheadKey("acme", key_id, "chat", model, model, "hosted", claim.budget_id, claim.limit_pico)
+
+
+KEY = key_on(ROOMY)
 LATER = NOW + timedelta(seconds=30)
 
 
@@ -54,9 +58,10 @@ def reservations(engine: Engine) -> list[Any]:
         return list(conn.execute(text("SELECT request_id, state, settled_pico FROM reservations")).all())
 
 
-async def ready(ahead: HoldsAhead, key: AheadKey = KEY, amount: int = 100, window_s: float = 10.0) -> None:
+async def ready(ahead: HoldsAhead, key: AheadKey = KEY, amount: int = 100, window_s: float = 10.0,
+                claim: BudgetClaim = ROOMY) -> None:
     """Hold ahead for `key`, and wait until the hold is in."""
-    ahead.prepare(key, amount, 10, window_s, 60.0)
+    ahead.prepare(key, claim, amount, 10, window_s, 60.0)
     await asyncio.gather(*ahead._making.values())
 
 
@@ -78,7 +83,7 @@ def test_the_next_matching_request_draws_on_the_hold_and_the_books_name_it(engin
 
 
 def test_a_request_the_hold_does_not_cover_holds_for_itself(engine: Engine, tmp_path: Path) -> None:
-    other_model = AheadKey("acme", "key_1", "chat", "gpt-4o", "gpt-4o", "hosted", ROOMY)
+    other_model = key_on(ROOMY, model="gpt-4o")
 
     async def main(ledger: Ledger) -> list[Hold | None]:
         ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
@@ -112,12 +117,12 @@ def test_a_hold_nobody_draws_on_goes_back_with_its_call(engine: Engine, tmp_path
 
 
 def test_stopping_releases_every_hold_made_ahead(engine: Engine, tmp_path: Path) -> None:
-    keys = [AheadKey("acme", f"key_{n}", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", ROOMY) for n in range(3)]
+    keys = [key_on(ROOMY, key_id=f"key_{n}") for n in range(3)]
 
     async def main(ledger: Ledger) -> None:
         ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
         for key in keys:
-            ahead.prepare(key, 100, 10, 10.0, 60.0)  # still being made when the drain starts
+            ahead.prepare(key, ROOMY, 100, 10, 10.0, 60.0)  # still being made when the drain starts
         await ahead.drain()
         assert ahead.held() == 0
 
@@ -129,8 +134,7 @@ def test_stopping_releases_every_hold_made_ahead(engine: Engine, tmp_path: Path)
 def test_nothing_is_held_ahead_near_the_end_of_a_budget(engine: Engine, tmp_path: Path) -> None:
     async def main(ledger: Ledger) -> int:
         ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
-        key = AheadKey("acme", "key_1", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", WIDE)
-        await ready(ahead, key)  # 100 of WIDE's 1,000 would leave room for fewer than 1,000 more
+        await ready(ahead, key_on(WIDE), claim=WIDE)  # 100 of WIDE's 1,000 would leave room for fewer than 1,000 more
         return ahead.held()
 
     assert with_ledger(engine, main) == 0
@@ -146,7 +150,7 @@ def test_a_drawn_hold_whose_usage_is_unknown_names_its_request_until_it_expires(
         assert drawn is not None
         # The call was cut off: its event is booked, its hold stays for the sweeper.
         await ledger.settle([], 0, 0, [{**event(5, drawn.id), "status": "cancelled", "usage_known": False, "cost_pico": 0}], NOW)
-        await ready(ahead, AheadKey("acme", "key_2", "chat", "gpt-4o-mini", "gpt-4o-mini", "hosted", ROOMY))
+        await ready(ahead, key_on(ROOMY, key_id="key_2"))
         return await ledger.expire_orphans(NOW + timedelta(days=1))  # as if the gateway had died
 
     assert with_ledger(engine, main) == 2
