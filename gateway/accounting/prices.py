@@ -10,7 +10,7 @@ then by its `upstream_model`. Money leaves this module as integer pico-dollars
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from fractions import Fraction
@@ -60,6 +60,14 @@ class PriceQuote:
     output: Decimal
     source: str
     effective_from: date | None
+    # The four rates in whole pico-dollars per token, when each is one (at most six
+    # decimals, as every published price): then a cost is integer arithmetic alone.
+    per_token: tuple[int, int, int, int] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        rates = [_whole_pico_per_token(r) for r in (self.input, self.cached_input, self.cache_write, self.output)]
+        whole = None if None in rates else (rates[0], rates[1], rates[2], rates[3])
+        object.__setattr__(self, "per_token", whole)
 
     def cost_pico(self, usage: Usage) -> int:
         """Exact cost; OpenAI semantics (prompt_tokens includes cached and cache-write
@@ -67,6 +75,9 @@ class PriceQuote:
         # A provider reporting more cached than prompt tokens is still billed for every
         # token it reported, never credited a negative remainder.
         uncached = max(usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens, 0)
+        if self.per_token is not None:
+            i, c, w, o = self.per_token
+            return uncached * i + usage.cached_tokens * c + usage.cache_write_tokens * w + usage.completion_tokens * o
         exact = _pico(
             (uncached, self.input),
             (usage.cached_tokens, self.cached_input),
@@ -79,11 +90,16 @@ class PriceQuote:
         """Upper bound for a reservation: no usage within these bounds costs more."""
         # Cache writes may cost more than plain input (Anthropic: 1.25x), so the prompt
         # is bounded by the dearest input-side rate, not by `input` alone.
+        if self.per_token is not None:
+            i, c, w, o = self.per_token
+            return prompt_tokens * max(i, c, w) + output_tokens * o
         dearest_input = max(self.input, self.cached_input, self.cache_write)
         return ceil(_pico((prompt_tokens, dearest_input), (output_tokens, self.output)))
 
     def saved_pico(self, usage: Usage) -> int:
         """What the cached tokens saved against paying full input price for them."""
+        if self.per_token is not None:
+            return usage.cached_tokens * (self.per_token[0] - self.per_token[1])
         return round(_pico((usage.cached_tokens, self.input - self.cached_input)))
 
     def rates(self) -> str:

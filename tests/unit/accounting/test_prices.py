@@ -7,6 +7,7 @@ import random
 import textwrap
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,23 @@ def test_prices_finer_than_six_decimals_round_half_even_once() -> None:
     assert fine.cost_pico(Usage(prompt_tokens=1)) == 0  # 0.5 pico
     assert fine.cost_pico(Usage(prompt_tokens=3)) == 2  # 1.5 pico
     assert fine.cost_pico(Usage(prompt_tokens=5)) == 2  # 2.5 pico
+
+
+def test_costs_are_the_exact_product_of_tokens_and_rates_whole_or_not() -> None:
+    rng = random.Random(11)
+    for rates in [("0.15", "0.075", "0.15", "0.6"), ("3", "0.3", "3.75", "15"), ("0.034722222", "0", "0.034722222", "0.462962963")]:
+        price = PriceQuote(*(Decimal(r) for r in rates), "test", None)
+        assert (price.per_token is None) == any(len(r.partition(".")[2]) > 6 for r in rates)
+        for _ in range(500):
+            prompt = rng.randint(0, 200_000)
+            cached = rng.randint(0, prompt)
+            usage = Usage(prompt, cached, rng.randint(0, prompt - cached), rng.randint(0, 8_192))
+            exact = Fraction(0)  # USD per 1M tokens -> pico-dollars: x 1e6 per token
+            for tokens, rate in [(prompt - cached - usage.cache_write_tokens, rates[0]), (cached, rates[1]),
+                                 (usage.cache_write_tokens, rates[2]), (usage.completion_tokens, rates[3])]:
+                exact += tokens * Fraction(rate) * 1_000_000
+            assert price.cost_pico(usage) == round(exact), (rates, usage)
+            assert price.saved_pico(usage) == round(cached * (Fraction(rates[0]) - Fraction(rates[1])) * 1_000_000)
 
 
 def test_worst_case_covers_every_usage_within_its_bounds() -> None:
