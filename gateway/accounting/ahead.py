@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
@@ -54,7 +55,7 @@ class AheadKey(NamedTuple):
 @dataclass(slots=True)
 class _Ready:
     hold: Hold
-    expires_at: datetime
+    expires_mono: float  # its expiry, on the monotonic clock requests' deadlines use
     timer: asyncio.TimerHandle
     claim: BudgetClaim
 
@@ -69,8 +70,9 @@ class HoldsAhead:
         self._releasing: set[asyncio.Task[None]] = set()
         self._waited: set[AheadKey] = set()
 
-    async def draw(self, key: AheadKey, amount_pico: int, tokens: int, expires_at: datetime, request_id: str) -> Hold | None:
-        """The hold made ahead for `key`, if it covers this request until `expires_at`.
+    async def draw(self, key: AheadKey, amount_pico: int, tokens: int, expires_mono: float, request_id: str) -> Hold | None:
+        """The hold made ahead for `key`, if it covers this request until `expires_mono`
+        (its deadline and grace, on the monotonic clock).
         One that is being made is waited for - its commit is under way, so that is
         sooner than a hold of the request's own - by one request at a time."""
         making = self._making.get(key)
@@ -80,12 +82,12 @@ class HoldsAhead:
                 await asyncio.shield(making)
             finally:
                 self._waited.discard(key)
-        return self.take(key, amount_pico, tokens, expires_at, request_id)
+        return self.take(key, amount_pico, tokens, expires_mono, request_id)
 
-    def take(self, key: AheadKey, amount_pico: int, tokens: int, expires_at: datetime, request_id: str) -> Hold | None:
+    def take(self, key: AheadKey, amount_pico: int, tokens: int, expires_mono: float, request_id: str) -> Hold | None:
         """The hold made ahead for `key`, if there is one and it covers this request."""
         ready = self._ready.get(key)
-        if ready is None or ready.hold.amount_pico < amount_pico or ready.hold.tokens < tokens or ready.expires_at < expires_at:
+        if ready is None or ready.hold.amount_pico < amount_pico or ready.hold.tokens < tokens or ready.expires_mono < expires_mono:
             return None
         del self._ready[key]
         ready.timer.cancel()
@@ -107,6 +109,7 @@ class HoldsAhead:
                     lifetime_s: float) -> None:
         now = datetime.now(UTC)
         expires_at = now + timedelta(seconds=window_s + lifetime_s)
+        expires_mono = time.monotonic() + window_s + lifetime_s
         request = HoldRequest(
             request_id=AHEAD + secrets.token_hex(12), tenant=key.tenant, key_id=key.key_id, task_id=None, model=key.model,
             upstream_model=key.upstream_model, upstream=key.upstream, endpoint=key.endpoint, amount_pico=amount_pico,
@@ -116,7 +119,7 @@ class HoldsAhead:
         except (BudgetExceeded, NotReady):  # the budget is nearly spent, or the ledger is down: hold per request
             return
         timer = asyncio.get_running_loop().call_later(window_s, self._unused, key, hold)
-        self._ready[key] = _Ready(hold, expires_at, timer, claim)
+        self._ready[key] = _Ready(hold, expires_mono, timer, claim)
 
     def _unused(self, key: AheadKey, hold: Hold) -> None:
         ready = self._ready.get(key)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -24,6 +25,7 @@ from gateway.accounting.tasks import TaskInfo, TaskStore
 from gateway.accounting.writer import LedgerUnavailable
 from gateway.caching.response_cache import CachedAnswer
 from gateway.errors import BudgetExceeded, GatewayError, NotFound
+from gateway.pipeline.backlog import Backlog
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.routing.policy import Budget
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
@@ -55,6 +57,7 @@ class Accounting:
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
         self.headroom = Headroom()
         self.ahead = HoldsAhead(ledger, spool)
+        self.backlog = Backlog()  # answered calls waiting to be booked (pipeline/backlog.py)
         self._pending: set[asyncio.Task[None]] = set()  # settlements committing in the background
         self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
 
@@ -105,7 +108,8 @@ class Accounting:
                    prompt_tokens: int) -> tuple[int, int]:
         """(pico-dollars, tokens) one attempt on `target` can cost at most."""
         d = policy.policy.defaults
-        prompt = int(prompt_tokens * (1 + d.prompt_margin_ratio)) + d.prompt_margin_tokens
+        ratio, per = d.prompt_margin_ratio.as_integer_ratio()  # integers: exact, and cheaper than Decimal
+        prompt = prompt_tokens + prompt_tokens * ratio // per + d.prompt_margin_tokens
         return self.quote(target, now).worst_case_pico(prompt, ctx.max_output_tokens), prompt + ctx.max_output_tokens
 
     async def reserve(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None) -> None:
@@ -156,7 +160,7 @@ class Accounting:
         ahead = self._ahead_key(ctx, target) if defaults.hold_ahead_s and not ctx.holds else None
         hold = None
         if ahead is not None:
-            hold = await self.ahead.draw(ahead, needed, tokens, self._expiry(ctx, policy, now), ctx.request_id)
+            hold = await self.ahead.draw(ahead, needed, tokens, ctx.deadline + defaults.reservation_grace_s, ctx.request_id)
         if hold is None:
             hold = await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now)
             for claim in ctx.claims:  # the smallest room left over all claims: a safe figure for each
@@ -177,11 +181,6 @@ class Accounting:
         return AheadKey(ctx.tenant, ctx.key_id, ctx.endpoint, target.name, target.upstream_model, target.upstream,
                         claim.budget_id, claim.limit_pico)
 
-    @staticmethod
-    def _expiry(ctx: RequestContext, policy: RuntimePolicy, now: datetime) -> datetime:
-        """When the sweeper may expire this request's hold: past its deadline, plus grace."""
-        return expiry(max(0.0, ctx.deadline - ctx.timeline.enqueue), now, policy.policy.defaults.reservation_grace_s)
-
     def warm_headroom(self, reader: Engine, policy: RuntimePolicy, now: datetime) -> None:
         """What each tenant budget has left, read once at start-up, so the first requests
         need not count their prompts just because nothing is known yet."""
@@ -199,10 +198,12 @@ class Accounting:
 
     async def _hold(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, amount: int, tokens: int,
                     now: datetime) -> Hold:
+        deadline_s = max(0.0, ctx.deadline - ctx.timeline.enqueue)
         request = HoldRequest(
             request_id=ctx.request_id, tenant=ctx.tenant, key_id=ctx.key_id, task_id=ctx.task_id, model=target.name,
             upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=tokens,
-            prompt_tokens_est=ctx.prompt.best, now=now, expires_at=self._expiry(ctx, policy, now), sequence=len(ctx.holds),
+            prompt_tokens_est=ctx.prompt.best, now=now,
+            expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s), sequence=len(ctx.holds),
         )
         return await self.ledger.reserve(request, ctx.claims)
 
@@ -214,11 +215,8 @@ class Accounting:
         events, cost, saved, tokens = [], 0, 0, 0
         pending = False
         for number, attempt in enumerate(ctx.attempts, start=1):
-            at = datetime.fromtimestamp(attempt.timeline.wall_start, UTC)
-            quote = self.quote(attempt.target, at)
+            quote, a_cost, a_saved, at = self._priced(attempt)
             usage = attempt.usage
-            a_cost = quote.cost_pico(usage) if usage is not None else 0
-            a_saved = quote.saved_pico(usage) if usage is not None else 0
             if usage is None and attempt.status in UNCONFIRMED:
                 pending = True
             cost += a_cost
@@ -230,6 +228,31 @@ class Accounting:
         holds, charged, used = ([], 0, 0) if pending else (ctx.holds, cost, tokens)
         await self.settle_or_spool(ctx.request_id, holds, charged, used, events, now, wait=wait)
         return Settlement(cost, saved, pending)
+
+    def cost(self, ctx: RequestContext) -> int:
+        """What the attempts cost, each at the price in effect when it ran: the figure
+        `settle` books, known before the books are written."""
+        return sum(self._priced(attempt)[1] for attempt in ctx.attempts)
+
+    def _priced(self, attempt: Attempt) -> tuple[PriceQuote, int, int, datetime]:
+        """(quote, cost, saved, when it ran) of one attempt."""
+        at = datetime.fromtimestamp(attempt.timeline.wall_start, UTC)
+        quote = self.quote(attempt.target, at)
+        usage = attempt.usage
+        if usage is None:
+            return quote, 0, 0, at
+        return quote, quote.cost_pico(usage), quote.saved_pico(usage), at
+
+    def later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the background; `flush` waits for it, and logs its failure."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._after)
+
+    def _after(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background booking failed", exc_info=task.exception())
 
     async def settle_or_spool(self, request_id: str, holds: list[Hold], charged: int, used: int,
                               events: list[dict[str, Any]], now: datetime, *, wait: bool = True) -> None:
@@ -244,9 +267,7 @@ class Accounting:
         if wait:
             await booking
             return
-        task = asyncio.get_running_loop().create_task(booking)
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self.later(booking)
 
     async def _book(self, request_id: str, holds: list[Hold], charged: int, used: int, events: list[dict[str, Any]],
                     now: datetime, *, lazy: bool) -> None:
@@ -259,6 +280,7 @@ class Accounting:
     async def flush(self) -> None:
         """Once this returns, every settlement handed over so far is committed (or spooled):
         readers of the ledger in this process call it first."""
+        self.backlog.run()
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         await self.ledger.writer.flush()

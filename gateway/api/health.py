@@ -28,6 +28,7 @@ def build_health_router() -> APIRouter:
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:
         services: Services = request.app.state.services
+        services.accounting.backlog.run()  # the answered calls whose metrics are still waiting
         return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -216,6 +216,7 @@ class Pipeline:
         async def covered(target: ModelTarget) -> T:
             if ctx.attempts:
                 await self.accounting.cover(ctx, policy, target)
+            self.accounting.backlog.soon()  # earlier answers' books, while this one is on the wire
             await self.parts.admission.pace_upstream(ctx, policy, target)
             return await send(target, self.prepare_upstream_body(ctx, target))
 
@@ -308,18 +309,32 @@ class Pipeline:
         ctx.finished = True
         ctx.status = status
         ctx.timeline.mark("end")
-        # A task's books and its spent header must include this call: wait for the
-        # commit. Otherwise the answer need not wait for an fsync of its own.
-        wait = ctx.task_id is not None
         try:
-            if ctx.cache_answer is not None:
-                await self.accounting.book_cache_hit(ctx, ctx.cache_answer, wait=wait)
-            elif ctx.attempts:
-                settlement = await self.accounting.settle(ctx, wait=wait)
-                ctx.cost_pico = settlement.cost_pico
-            await self.parts.admission.settle(ctx, ctx.admitted)
+            if ctx.task_id is not None:
+                # A task's books and its spent header must include this call: wait for the commit.
+                try:
+                    await self.book(ctx, wait=True)
+                finally:
+                    record_request(self.parts.metrics, ctx)
+            else:
+                # The answer carries its cost and goes out first; its books and metrics
+                # follow from the backlog (pipeline/backlog.py) and commit with a later hold.
+                if ctx.cache_answer is None and ctx.attempts:
+                    ctx.cost_pico = self.accounting.cost(ctx)
+                self.accounting.backlog.add(lambda: self.record_later(ctx))
         finally:
-            record_request(self.parts.metrics, ctx)
+            await self.parts.admission.settle(ctx, ctx.admitted)
+
+    def record_later(self, ctx: RequestContext) -> None:
+        record_request(self.parts.metrics, ctx)
+        self.accounting.later(self.book(ctx, wait=False))
+
+    async def book(self, ctx: RequestContext, *, wait: bool) -> None:
+        if ctx.cache_answer is not None:
+            await self.accounting.book_cache_hit(ctx, ctx.cache_answer, wait=wait)
+        elif ctx.attempts:
+            settlement = await self.accounting.settle(ctx, wait=wait)
+            ctx.cost_pico = settlement.cost_pico
 
     def response_headers(self, ctx: RequestContext) -> dict[str, str]:
         attempt = ctx.final_attempt

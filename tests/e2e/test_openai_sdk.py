@@ -202,9 +202,18 @@ def test_text_completions(stack: Stack) -> None:
 
 
 def test_metrics_count_requests_and_tokens(stack: Stack) -> None:
-    client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO)  # type: ignore[arg-type]
+    ok = 'gateway_requests_total{model="gpt-4o-mini",status="ok",tenant="acme"}'
+
+    def answered() -> float:
+        text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(ok + " "))
+
+    before = answered()
+    for _ in range(3):
+        client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO)  # type: ignore[arg-type]
+    assert answered() == before + 3, "a scrape right after the answers counts every one of them"
+    list(client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True))  # type: ignore[arg-type]
     text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
-    assert 'gateway_requests_total{model="gpt-4o-mini",status="ok",tenant="acme"}' in text
     assert 'gateway_tokens_total{kind="output",model="gpt-4o-mini",tenant="acme"}' in text
     assert "gateway_time_to_first_token_seconds_bucket" in text and "gateway_upstream_latency_seconds_bucket" in text
 

@@ -34,7 +34,7 @@ def key_on(claim: BudgetClaim, key_id: str = "key_1", model: str = "gpt-4o-mini"
 
 
 KEY = key_on(ROOMY)
-LATER = NOW + timedelta(seconds=30)
+LATER = time.monotonic() + 30  # a request's deadline and grace, as `draw` takes them
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
@@ -91,7 +91,7 @@ def test_a_request_the_hold_does_not_cover_holds_for_itself(engine: Engine, tmp_
         misses = [await ahead.draw(other_model, 10, 1, LATER, "req_1"),
                   await ahead.draw(KEY, 101, 1, LATER, "req_2"),  # costs more at worst
                   await ahead.draw(KEY, 10, 11, LATER, "req_3"),  # more tokens
-                  await ahead.draw(KEY, 10, 1, NOW + timedelta(days=1), "req_4")]  # would outlive it
+                  await ahead.draw(KEY, 10, 1, time.monotonic() + 86_400, "req_4")]  # would outlive it
         assert ahead.held() == 1
         await ahead.drain()
         return misses

@@ -1,0 +1,51 @@
+"""Deferred bookkeeping runs while the gateway waits on an upstream, or soon anyway,
+and one failing item costs the others nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.pipeline.backlog import Backlog
+
+
+def test_work_waits_for_the_next_upstream_wait_and_runs_there() -> None:
+    async def main() -> list[str]:
+        backlog, ran = Backlog(max_delay_s=60), []
+        backlog.add(lambda: ran.append("first answer's books"))
+        backlog.add(lambda: ran.append("second answer's books"))
+        await asyncio.sleep(0)
+        assert ran == [] and len(backlog) == 2, "nothing runs before the loop waits on an upstream"
+        backlog.soon()  # a request is about to go upstream
+        await asyncio.sleep(0)
+        assert len(backlog) == 0
+        return ran
+
+    assert asyncio.run(main()) == ["first answer's books", "second answer's books"]
+
+
+def test_work_runs_within_its_delay_when_no_request_comes() -> None:
+    async def main() -> bool:
+        backlog, ran = Backlog(max_delay_s=0.01), asyncio.Event()
+        backlog.add(ran.set)
+        await asyncio.wait_for(ran.wait(), timeout=10)
+        return ran.is_set()
+
+    assert asyncio.run(main())
+
+
+def test_one_failing_item_does_not_cost_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> None:
+        raise RuntimeError("a bug in one booking")
+
+    async def main() -> list[int]:
+        backlog, ran = Backlog(), []
+        backlog.add(lambda: ran.append(1))
+        backlog.add(broken)
+        backlog.add(lambda: ran.append(3))
+        backlog.run()
+        return ran
+
+    assert asyncio.run(main()) == [1, 3]
+    assert "deferred work failed" in caplog.text
