@@ -94,33 +94,42 @@ async def send_whole(send: Send, status: int, body: bytes, headers: dict[str, st
 
 
 async def stream(reply: StreamReply, receive: Receive, send: Send) -> None:
-    """Relay the reply's events as they come. A client that hangs up cancels the relay,
-    whose cleanup closes the upstream connection (so vLLM aborts the work)."""
+    """Relay the reply's events as they come, in this task, so the first one goes out
+    without a hand-off to another. A client that hangs up cancels the relay (see
+    `_on_hang_up`), whose cleanup closes the upstream connection (so vLLM aborts the
+    work)."""
     await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
-
-    async def relay() -> None:
+    relay = asyncio.current_task()
+    assert relay is not None
+    hung_up: list[bool] = []
+    watching = _on_hang_up(receive, relay, hung_up)
+    try:
         async for chunk in reply.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
-
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    relaying = asyncio.ensure_future(relay())
-    watching = asyncio.ensure_future(watch())
-    try:
-        done, _ = await asyncio.wait({relaying, watching}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        if not hung_up:
+            raise
+        relay.uncancel()  # our own cancellation, for the hang-up: the relay is simply over
+    except Exception as exc:
+        log.warning("stream relay failed: %s", exc)
     finally:
-        for task in (relaying, watching):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await relaying
+        watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
         aclose = getattr(reply.chunks, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(Exception):
                 await aclose()
-    if relaying in done and relaying.exception() is not None:
-        log.warning("stream relay failed: %s", relaying.exception())
+
+
+def _on_hang_up(receive: Receive, relay: asyncio.Task[Any], hung_up: list[bool]) -> asyncio.Task[None]:
+    """Watch for the client hanging up, and cancel `relay` when it does."""
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        hung_up.append(True)
+        relay.cancel()
+
+    return asyncio.ensure_future(watch())
