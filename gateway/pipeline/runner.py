@@ -147,8 +147,9 @@ class Pipeline:
         ctx.deadline = ctx.timeline.enqueue + _timeout_s(headers, policy.policy.defaults.request_timeout_s)
         named = policy.targets.get(ctx.requested_model)
         ctx.prompt = PromptSize(ctx.endpoint, body, named.tokenizer if named else policy.policy.defaults.tokenizer, self.parts.tokenizers)
-        if ctx.endpoint == "chat.completions":
-            self.watch_prefix(ctx, body["messages"])
+        if ctx.endpoint == "chat.completions":  # statistics only: off the request's path (pipeline/backlog.py)
+            messages = body["messages"]
+            self.accounting.backlog.add(lambda: self.watch_prefix(ctx, messages))
         ctx.route, ctx.targets = policy.candidates(
             ctx.requested_model,
             RouteRequest(
