@@ -14,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
@@ -24,7 +25,7 @@ from gateway.accounting.money import pico_from_usd
 from gateway.accounting.spool import SettlementSpool
 from tests.e2e.test_openai_sdk import wait_until
 from tests.integration.accounting.test_hold_sizing import ask, with_budget
-from tests.support.stack import running_stack
+from tests.support.stack import Stack, running_stack
 from tests.unit.accounting.test_ledger import NOW, WIDE, with_ledger
 from tests.unit.accounting.test_spool import event
 
@@ -198,6 +199,31 @@ def test_through_the_gateway_the_next_call_draws_on_the_hold_and_stopping_gives_
     assert (reserved, spent, calls) == (0, booked, 2)
     assert booked == pico_from_usd(Decimal(first.headers["x-gateway-cost-usd"]) + Decimal(second.headers["x-gateway-cost-usd"]))
     assert states == ["released", "settled", "settled"]
+
+
+def test_concurrent_calls_drawing_on_and_beside_holds_made_ahead_book_every_cent(tmp_path: Path) -> None:
+    async def fire(stack: Stack, n: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def one(i: int) -> httpx.Response:
+                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"call {i}"}], "max_tokens": 20,
+                        "stream": i % 3 == 0}
+                return await client.post(f"{stack.gateway}/chat/completions", json=body,
+                                         headers={"authorization": f"Bearer {stack.key}"})
+
+            return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+    with running_stack(tmp_path, edit_policy=with_budget) as stack:
+        ledger = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
+        answers = [*asyncio.run(fire(stack, 24)), *asyncio.run(fire(stack, 24))]
+        assert [a.status_code for a in answers] == [200] * 48, [a.text for a in answers if a.status_code != 200]
+        drawn = ledger_rows(ledger, "SELECT count(*) FROM usage_events WHERE reservation_id LIKE 'rsv_ahead%'")
+    [(reserved, spent, calls)] = ledger_rows(ledger, "SELECT reserved_pico, spent_pico, calls_used FROM budgets")
+    [(events, booked)] = ledger_rows(ledger, "SELECT count(*), sum(cost_pico) FROM usage_events")
+    open_holds = ledger_rows(ledger, "SELECT count(*) FROM reservations WHERE state = 'reserved'")
+    ledger.dispose()
+    assert drawn[0][0] >= 1, "some calls drew on a hold made ahead"
+    assert (events, calls) == (48, 48), "one event and one counted call per answered request, none for holds given back"
+    assert (reserved, spent) == (0, booked) and open_holds == [(0,)]
 
 
 def ledger_rows(engine: Engine, sql: str, **params: str) -> list[Any]:
