@@ -118,6 +118,9 @@ class HoldsAhead:
             hold = await self.ledger.reserve(request, [claim])
         except (BudgetExceeded, NotReady):  # the budget is nearly spent, or the ledger is down: hold per request
             return
+        except Exception:  # a shortcut missed, never a request failed: requests hold for themselves
+            log.exception("could not hold ahead for %s on %s", key.key_id, key.model)
+            return
         timer = asyncio.get_running_loop().call_later(window_s, self._unused, key, hold)
         self._ready[key] = _Ready(hold, expires_mono, timer, claim)
 

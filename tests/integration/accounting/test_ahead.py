@@ -165,6 +165,21 @@ def test_a_drawn_hold_whose_usage_is_unknown_names_its_request_until_it_expires(
     assert budget(engine) == (0, 200, 2), "an expired hold is charged its worst case, whoever made it"
 
 
+def test_a_failure_to_hold_ahead_costs_the_next_request_nothing_but_the_shortcut(engine: Engine, tmp_path: Path,
+                                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(Ledger):
+        async def reserve(self, *args: Any, **kwargs: Any) -> Hold:
+            raise RuntimeError("a bug on the way to the ledger")
+
+    async def main(ledger: Ledger) -> Hold | None:
+        ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
+        ahead.prepare(KEY, ROOMY, 100, 10, 10.0, 60.0)
+        return await ahead.draw(KEY, 80, 8, LATER, "req_1")  # waits for the attempt, then holds for itself
+
+    assert with_ledger(engine, main, kind=Broken) is None
+    assert "could not hold ahead" in caplog.text
+
+
 def test_a_release_spooled_while_the_ledger_was_down_gives_the_call_back_too(engine: Engine, tmp_path: Path) -> None:
     spool = SettlementSpool(tmp_path / "var")
 
