@@ -24,6 +24,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
@@ -57,7 +58,6 @@ class _Ready:
     hold: Hold
     expires_mono: float  # its expiry, on the monotonic clock requests' deadlines use
     timer: asyncio.TimerHandle
-    claim: BudgetClaim
 
 
 class HoldsAhead:
@@ -122,7 +122,7 @@ class HoldsAhead:
             log.exception("could not hold ahead for %s on %s", key.key_id, key.model)
             return
         timer = asyncio.get_running_loop().call_later(window_s, self._unused, key, hold)
-        self._ready[key] = _Ready(hold, expires_mono, timer, claim)
+        self._ready[key] = _Ready(hold, expires_mono, timer)
 
     def _unused(self, key: AheadKey, hold: Hold) -> None:
         ready = self._ready.get(key)
@@ -147,16 +147,19 @@ class HoldsAhead:
         """Release, and wait for, the holds made ahead on these budgets; True if there
         were any. For a request the budget refused: a cut to the budget may have left it
         no room beside them."""
-        making = [task for key, task in self._making.items() if key.budget_id in budget_ids]
-        await asyncio.gather(*making, return_exceptions=True)
-        keys = [key for key in self._ready if key.budget_id in budget_ids]
-        if not keys:
-            return False
-        unused = [self._ready.pop(key) for key in keys]
+        unused = await self._unclaim(lambda key: key.budget_id in budget_ids)
+        if unused:
+            await self._give_back(unused, lazy=False)  # a request waits on it
+        return bool(unused)
+
+    async def _unclaim(self, match: Callable[[AheadKey], bool]) -> list[Hold]:
+        """Take back the matching holds made ahead, those being made included, so that
+        no request draws on them."""
+        await asyncio.gather(*(task for key, task in self._making.items() if match(key)), return_exceptions=True)
+        unused = [self._ready.pop(key) for key in [key for key in self._ready if match(key)]]
         for ready in unused:
             ready.timer.cancel()
-        await self._give_back([ready.hold for ready in unused], lazy=False)  # a request waits on it
-        return True
+        return [ready.hold for ready in unused]
 
     def held(self) -> int:
         """Holds made ahead and not drawn on yet."""
@@ -165,11 +168,7 @@ class HoldsAhead:
     async def drain(self) -> None:
         """Release every hold not drawn on, once those being made are in: at shutdown."""
         while self._making or self._ready or self._releasing:
-            await asyncio.gather(*self._making.values(), return_exceptions=True)
-            unused = [ready.hold for ready in self._ready.values()]
-            for ready in self._ready.values():
-                ready.timer.cancel()
-            self._ready.clear()
+            unused = await self._unclaim(lambda key: True)
             if unused:
                 self._release(unused)
             await asyncio.gather(*self._releasing, return_exceptions=True)

@@ -101,14 +101,13 @@ async def stream(reply: StreamReply, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
     relay = asyncio.current_task()
     assert relay is not None
-    hung_up: list[bool] = []
-    watching = _on_hang_up(receive, relay, hung_up)
+    watching = _on_hang_up(receive, relay)
     try:
         async for chunk in reply.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
     except asyncio.CancelledError:
-        if not hung_up:
+        if not watching.done() or watching.cancelled():  # not the watcher's doing
             raise
         relay.uncancel()  # our own cancellation, for the hang-up: the relay is simply over
     except Exception as exc:
@@ -123,13 +122,12 @@ async def stream(reply: StreamReply, receive: Receive, send: Send) -> None:
                 await aclose()
 
 
-def _on_hang_up(receive: Receive, relay: asyncio.Task[Any], hung_up: list[bool]) -> asyncio.Task[None]:
-    """Watch for the client hanging up, and cancel `relay` when it does."""
+def _on_hang_up(receive: Receive, relay: asyncio.Task[Any]) -> asyncio.Task[None]:
+    """Watch for the client hanging up, cancel `relay` when it does, and finish."""
 
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        hung_up.append(True)
         relay.cancel()
 
     return asyncio.ensure_future(watch())
