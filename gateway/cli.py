@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.routing.loader import PolicyInvalid, load_policy_file
 
+STARTUP_FAILURE = 3  # uvicorn's exit status for a server that could not start
+
 if TYPE_CHECKING:
+    import uvicorn
+
     from gateway.accounting.prices import PriceCatalog
     from gateway.api.hot_paths import HotPaths
 
@@ -41,16 +45,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
               " and caches live inside each worker, so every worker would admit a tenant's whole limit", file=sys.stderr)
         return 2
     os.environ["GATEWAY_POLICY"] = str(Path(policy).resolve())
-    app: str | HotPaths = "gateway.app:create_app"  # each worker process builds its own
-    if args.workers == 1:
-        from gateway.app import create_app
+    if args.workers > 1:
+        # Each worker process builds its own app.
+        return serve_workers(uvicorn_config("gateway.app:create_app", args))
+    from gateway.app import create_app
 
-        # One process: it keeps the prices just read to check the policy (reading
-        # litellm's price map again would cost ~0.1 s and a few MB for good).
-        app = create_app(catalog=catalog)
-    uvicorn.run(
+    # One process: it keeps the prices just read to check the policy (reading litellm's
+    # price map again would cost ~0.1 s and a few MB for good).
+    server = uvicorn.Server(uvicorn_config(create_app(catalog=catalog), args))
+    server.run()
+    if not server.started:
+        return STARTUP_FAILURE  # as uvicorn.run: it could not start (the port taken, say)
+    return 0
+
+
+def uvicorn_config(app: str | HotPaths, args: argparse.Namespace) -> uvicorn.Config:
+    """`app`: an import string of the app factory (built in each worker process), or the app."""
+    import uvicorn
+
+    return uvicorn.Config(
         app,
-        factory=args.workers != 1,
+        factory=isinstance(app, str),
         host=args.host,
         port=args.port,
         workers=args.workers,
@@ -66,7 +81,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # with their next request (75 s, as common proxies do).
         timeout_keep_alive=75,
     )
-    return 0
+
+
+def serve_workers(config: uvicorn.Config) -> int:
+    """uvicorn's own supervisor (it replaces a worker that dies, and stops when one cannot
+    start), with the exit status uvicorn.run does not give: STARTUP_FAILURE when the
+    workers could not start (the ledger unreachable, say), so that a service manager sees
+    a failure rather than a clean stop."""
+    from uvicorn.supervisors import Multiprocess
+
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])  # exits STARTUP_FAILURE itself if the port is taken
+    supervisor.run()
+    return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
 
 
 def default_pricing_dir() -> Path:

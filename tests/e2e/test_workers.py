@@ -1,0 +1,158 @@
+"""`gateway serve --workers N` as an operator runs it: N processes behind one port sharing
+one budget with the books exact, one that dies replaced, workers that cannot start or a
+port in use failing the command, all stopped by one SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.auth.keys import key_digest, new_api_key
+from gateway.cli import STARTUP_FAILURE
+from gateway.sim.hosted import HostedSimConfig, create_hosted_app
+from tests.support.processes import free_port
+from tests.support.servers import run_asgi_in_thread
+
+CONNECTIONS = 24
+
+
+def write_policy(path: Path, hosted: str, key: str) -> None:
+    path.write_text(textwrap.dedent(f"""\
+        version: 1
+        upstreams:
+          hosted: {{kind: openai, base_url: "{hosted}/v1"}}
+        models:
+          gpt-4o-mini:
+            upstream: hosted
+            price: {{input: 0.15, output: 0.60}}
+        tenants:
+          acme:
+            api_keys: ["{key_digest(key)}"]
+            budget: {{usd: "100.00", period: month}}
+        """))
+
+
+def children(pid: int) -> list[int]:
+    """The worker processes under the gateway (not multiprocessing's resource tracker)."""
+    found = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    return [c for c in found if b"spawn_main" in _cmdline(c)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # gone meanwhile
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextmanager
+def serving(tmp_path: Path, redis_prefix: tuple[str, str], workers: int, extra_env: dict[str, str] | None = None,
+            port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
+    """`gateway serve --workers N` in front of a simulator; yields (process, its URL, an API key)."""
+    key = new_api_key()
+    port = port or free_port()
+    with ExitStack() as stack:
+        hosted = stack.enter_context(run_asgi_in_thread(create_hosted_app(HostedSimConfig())))
+        policy = tmp_path / "policy.yaml"
+        write_policy(policy, hosted, key)
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # SQLite under GATEWAY_VAR_DIR unless given
+        env |= {"REDIS_URL": redis_prefix[0], "GATEWAY_REDIS_PREFIX": redis_prefix[1], "GATEWAY_VAR_DIR": str(tmp_path / "var"),
+                **(extra_env or {})}
+        log = stack.enter_context((tmp_path / "gateway.log").open("ab"))
+        proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port),
+                                 "--workers", str(workers)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield proc, f"http://127.0.0.1:{port}", key
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # a test that failed half-way; the normal stop is the test's own
+                proc.wait(10)
+
+
+def chat(client: httpx.Client, url: str, key: str) -> httpx.Response:
+    return client.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                       json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+
+
+@pytest.mark.services
+def test_workers_share_the_port_and_the_books_stay_exact(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
+    with serving(tmp_path, redis_prefix, workers=2) as (proc, url, key):
+        wait_for(lambda: answers(url) and len(children(proc.pid)) == 2, "both workers serve")
+        workers = children(proc.pid)
+        replies = []
+        for _ in range(CONNECTIONS):
+            with httpx.Client(timeout=30) as client:  # a connection each, accepted by either worker
+                replies.append(chat(client, url, key))
+        assert all(r.status_code == 200 for r in replies), [r.text[:200] for r in replies if r.status_code != 200]
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers), "a worker outlived the gateway"
+    with sqlite3.connect(tmp_path / "var" / "ledger.db") as conn:
+        reserved, spent = conn.execute("SELECT reserved_pico, spent_pico FROM budgets").fetchone()
+        ok, open_holds = conn.execute("SELECT (SELECT count(*) FROM usage_events WHERE status = 'ok'),"
+                                      " (SELECT count(*) FROM reservations WHERE state = 'reserved')").fetchone()
+    assert (ok, reserved, open_holds) == (CONNECTIONS, 0, 0)
+    billed = sum(Decimal(r.headers["x-gateway-cost-usd"]) for r in replies)
+    assert Decimal(spent).scaleb(-12) == billed > 0
+
+
+@pytest.mark.services
+def test_a_worker_that_dies_is_replaced(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
+    with serving(tmp_path, redis_prefix, workers=2) as (proc, url, key):
+        wait_for(lambda: answers(url) and len(children(proc.pid)) == 2, "both workers serve")
+        victim = children(proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(children(proc.pid)) == 2 and victim not in children(proc.pid), "a new worker replaces it")
+        with httpx.Client(timeout=30) as client:
+            assert chat(client, url, key).status_code == 200
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert f"Child process [{victim}] died" in (tmp_path / "gateway.log").read_text()
+
+
+@pytest.mark.services
+def test_workers_that_cannot_start_stop_the_gateway(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
+    nothing_listens = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing"
+    with serving(tmp_path, redis_prefix, workers=2, extra_env={"DATABASE_URL": nothing_listens}) as (proc, _, _):
+        assert proc.wait(120) == STARTUP_FAILURE
+    assert "failed to start, stopping the parent process" in (tmp_path / "gateway.log").read_text()
+
+
+@pytest.mark.services
+def test_a_port_in_use_is_refused_at_once(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with serving(tmp_path, redis_prefix, workers=2, port=port) as (proc, _, _):
+            assert proc.wait(60) == STARTUP_FAILURE
+    assert "address already in use" in (tmp_path / "gateway.log").read_text().lower()
