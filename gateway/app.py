@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -17,6 +18,7 @@ from gateway.api.tasks import build_tasks_router
 from gateway.api.tools import build_tools_router
 from gateway.services import Services
 from gateway.settings import Settings
+from gateway.supervision import stop_with_supervisor
 
 if TYPE_CHECKING:
     from gateway.accounting.prices import PriceCatalog
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 def create_app(settings: Settings | None = None, catalog: PriceCatalog | None = None) -> HotPaths:
     """`catalog`: prices already read from the settings' pricing folder, if any."""
     settings = settings or Settings()
+    stop_with_supervisor(os.environ)  # a worker of `serve --workers N`: not outliving the supervisor
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -90,6 +90,9 @@ def serve_workers(config: uvicorn.Config) -> int:
     a failure rather than a clean stop."""
     from uvicorn.supervisors import Multiprocess
 
+    from gateway.supervision import SUPERVISOR_ENV
+
+    os.environ[SUPERVISOR_ENV] = str(os.getpid())  # the workers stop if this process dies (gateway/supervision.py)
     supervisor = Multiprocess(config, sockets=[config.bind_socket()])  # exits STARTUP_FAILURE itself if the port is taken
     supervisor.run()
     return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0

@@ -4,6 +4,7 @@ port in use failing the command, all stopped by one SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -87,13 +88,14 @@ def serving(tmp_path: Path, redis_prefix: tuple[str, str], workers: int, extra_e
                 **(extra_env or {})}
         log = stack.enter_context((tmp_path / "gateway.log").open("ab"))
         proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--policy", str(policy), "--port", str(port),
-                                 "--workers", str(workers)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                                 "--workers", str(workers)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
             yield proc, f"http://127.0.0.1:{port}", key
         finally:
-            if proc.poll() is None:
-                proc.kill()  # a test that failed half-way; the normal stop is the test's own
-                proc.wait(10)
+            with contextlib.suppress(ProcessLookupError):  # what a failed test left: workers included
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 def chat(client: httpx.Client, url: str, key: str) -> httpx.Response:
@@ -156,3 +158,22 @@ def test_a_port_in_use_is_refused_at_once(tmp_path: Path, redis_prefix: tuple[st
         with serving(tmp_path, redis_prefix, workers=2, port=port) as (proc, _, _):
             assert proc.wait(60) == STARTUP_FAILURE
     assert "address already in use" in (tmp_path / "gateway.log").read_text().lower()
+
+
+@pytest.mark.services
+def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
+    with serving(tmp_path, redis_prefix, workers=2) as (proc, url, key):
+        wait_for(lambda: answers(url) and len(children(proc.pid)) == 2, "both workers serve")
+        workers = children(proc.pid)
+        with httpx.Client(timeout=30) as client:
+            for _ in range(4):  # holds made ahead now wait in the workers
+                assert chat(client, url, key).status_code == 200
+        proc.kill()  # no chance to stop its workers itself
+        proc.wait(10)
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), "the workers are gone")
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))  # a gateway started again gets the port
+    with sqlite3.connect(tmp_path / "var" / "ledger.db") as conn:
+        reserved, open_holds = conn.execute("SELECT (SELECT reserved_pico FROM budgets),"
+                                            " (SELECT count(*) FROM reservations WHERE state = 'reserved')").fetchone()
+    assert (reserved, open_holds) == (0, 0), "the workers stopped gracefully, giving their holds back"
