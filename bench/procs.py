@@ -132,6 +132,28 @@ def cpu_seconds(pid: int) -> float:
     return total / CLK_TCK
 
 
+def connections_by_process(port: int, pids: Sequence[int]) -> list[int]:
+    """How many established TCP connections to local `port` each of `pids` holds
+    (IPv4, from /proc/net/tcp and each process's open sockets)."""
+    ours = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # 01: ESTABLISHED
+            ours.add(fields[9])  # the socket's inode
+    counts = []
+    for pid in pids:
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue  # closed meanwhile
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        counts.append(len(inodes & ours))
+    return counts
+
+
 def memory_kib(pid: int, field: str = "VmRSS") -> int:
     """A /proc/<pid>/status field (VmRSS, VmHWM), summed over the process tree."""
     total = 0

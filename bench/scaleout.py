@@ -57,7 +57,8 @@ COLUMNS = [
     ("workers", "workers"), ("CPU given (cores)", "cores"), ("mode", "mode"), ("c", "concurrency"),
     ("req/s", "rps"), ("x one worker", "speedup"), ("per slice vs one", "efficiency"),
     ("gw CPU ms/req", "gateway_cpu_ms_per_req"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"),
-    ("workers throttled s/s", "throttled_s_per_s"), ("CPU 1 busy %", "load_cpu_busy_pct"), ("errors", "errors"),
+    ("workers throttled s/s", "throttled_s_per_s"), ("CPU 1 busy %", "load_cpu_busy_pct"),
+    ("client connections per worker", "connections"), ("errors", "errors"),
 ]
 LEDGER_COLUMNS = [
     ("workers", "workers"), ("answered", "answered"), ("ok events", "ok_events"), ("calls booked", "calls_used"),
@@ -180,9 +181,9 @@ def ledger_check(database_url: str, answered: int) -> dict[str, Any]:
             "reserved_pico": reserved, "open_holds": open_holds[0], "exact": exact}
 
 
-async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, workers: int) -> tuple[list[dict[str, Any]], int]:
+async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, pids: list[int]) -> tuple[list[dict[str, Any]], int]:
     """Each mode in turn at each concurrency; returns the rows and every answer counted."""
-    rows, answered = [], 0
+    rows, answered, workers = [], 0, len(pids)
     for mode in args.modes:
         for per_worker in args.concurrency:
             concurrency = per_worker * workers  # each worker as busy as the one alone was
@@ -191,6 +192,7 @@ async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, worker
             try:
                 if args.warmup > 0:
                     answered += (await closed_loop(client, target, concurrency, args.warmup, args.max_requests)).completed
+                spread = procs.connections_by_process(stack.gateway_port, pids)  # kept open from the warm-up on
                 cpu0, busy1, throttled = procs.cpu_seconds(stack.gateway.pid), procs.cpu_busy_seconds(LOAD_CPU), slices.throttled_s()
                 samples = await closed_loop(client, target, concurrency, args.duration, args.max_requests)
                 answered += samples.completed
@@ -202,7 +204,8 @@ async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, worker
             elapsed = samples.elapsed_s or 1.0
             row |= {"gateway_cpu_ms_per_req": round((cpu1 - cpu0) * 1000 / max(samples.completed, 1), 3),
                     "load_cpu_busy_pct": round((busy2 - busy1) * 100 / elapsed, 1),
-                    "throttled_s_per_s": round((throttled2 - throttled) / elapsed, 3)}
+                    "throttled_s_per_s": round((throttled2 - throttled) / elapsed, 3),
+                    "connections": "/".join(str(n) for n in spread)}
             print(f"  workers {workers} {mode:10s} c={concurrency:<3d} {row['rps']:9.1f} req/s  p50 {row['p50_ms']:7.2f} ms"
                   f"  CPU 1 busy {row['load_cpu_busy_pct']:5.1f} %  errors {row['errors']}", file=sys.stderr, flush=True)
             rows.append(row)
@@ -225,7 +228,7 @@ def run_one(args: argparse.Namespace, workers: int) -> tuple[list[dict[str, Any]
         for pid in pids:
             slices.confine(pid)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            rows, answered = runner.run(load(stack, slices, args, workers))
+            rows, answered = runner.run(load(stack, slices, args, pids))
         stack.gateway.stop()  # its unused holds go back before the books are read
         books = {"workers": workers} | ledger_check(database_url, answered)
     return rows, books
