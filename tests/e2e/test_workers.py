@@ -11,7 +11,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -21,29 +20,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth.keys import key_digest, new_api_key
+from gateway.auth.keys import new_api_key
 from gateway.cli import STARTUP_FAILURE
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
+from tests.support.policies import single_model_policy
 from tests.support.processes import free_port
 from tests.support.servers import run_asgi_in_thread
 
 CONNECTIONS = 24
-
-
-def write_policy(path: Path, hosted: str, key: str) -> None:
-    path.write_text(textwrap.dedent(f"""\
-        version: 1
-        upstreams:
-          hosted: {{kind: openai, base_url: "{hosted}/v1"}}
-        models:
-          gpt-4o-mini:
-            upstream: hosted
-            price: {{input: 0.15, output: 0.60}}
-        tenants:
-          acme:
-            api_keys: ["{key_digest(key)}"]
-            budget: {{usd: "100.00", period: month}}
-        """))
 
 
 def children(pid: int) -> list[int]:
@@ -82,7 +66,7 @@ def serving(tmp_path: Path, redis_prefix: tuple[str, str], workers: int, extra_e
     with ExitStack() as stack:
         hosted = stack.enter_context(run_asgi_in_thread(create_hosted_app(HostedSimConfig())))
         policy = tmp_path / "policy.yaml"
-        write_policy(policy, hosted, key)
+        policy.write_text(single_model_policy(hosted, {"acme": (key, 'budget: {usd: "100.00", period: month}')}))
         env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # SQLite under GATEWAY_VAR_DIR unless given
         env |= {"REDIS_URL": redis_prefix[0], "GATEWAY_REDIS_PREFIX": redis_prefix[1], "GATEWAY_VAR_DIR": str(tmp_path / "var"),
                 **(extra_env or {})}
