@@ -123,9 +123,12 @@ def test_a_spool_file_written_by_the_previous_version_is_still_replayed(engine: 
     var = tmp_path / "var"
     spool = SettlementSpool(var)
 
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that no longer runs (4242 may: it did once here)
+    gone.wait()
+
     async def main(ledger: Ledger) -> int:
         await spooled(ledger, spool, 1)  # the lines themselves are unchanged
-        spool.path.rename(var / "ledger-spool-4242.jsonl")  # the previous version's `ledger-spool-<pid>.jsonl`
+        spool.path.rename(var / f"ledger-spool-{gone.pid}.jsonl")  # the previous version's `ledger-spool-<pid>.jsonl`
         return await spool.replay(ledger)
 
     assert with_ledger(engine, main) == 1
