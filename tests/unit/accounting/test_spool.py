@@ -77,11 +77,16 @@ def age(path: Path, seconds: float) -> None:
     os.utime(path, (then, then))
 
 
+def gone_pid() -> int:
+    """The pid of a process that has ended."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
 @pytest.mark.parametrize("claimer", ["{pid}", "{host}-{pid}-0badc0de"], ids=["previous-version", "this-version"])
 def test_a_spool_claimed_by_a_process_that_died_mid_replay_is_replayed(engine: Engine, tmp_path: Path, claimer: str) -> None:
     spool = SettlementSpool(tmp_path / "var")
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-    dead_pid = int(gone.stdout)
+    dead_pid = gone_pid()
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())
     claimer = claimer.format(pid=dead_pid, host=host)
 
@@ -123,12 +128,11 @@ def test_a_spool_file_written_by_the_previous_version_is_still_replayed(engine: 
     var = tmp_path / "var"
     spool = SettlementSpool(var)
 
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a pid that no longer runs (4242 may: it did once here)
-    gone.wait()
+    dead_pid = gone_pid()  # not a fixed number: 4242 was alive here once
 
     async def main(ledger: Ledger) -> int:
         await spooled(ledger, spool, 1)  # the lines themselves are unchanged
-        spool.path.rename(var / f"ledger-spool-{gone.pid}.jsonl")  # the previous version's `ledger-spool-<pid>.jsonl`
+        spool.path.rename(var / f"ledger-spool-{dead_pid}.jsonl")  # the previous version's `ledger-spool-<pid>.jsonl`
         return await spool.replay(ledger)
 
     assert with_ledger(engine, main) == 1
