@@ -17,6 +17,7 @@ its usage events, one answered event per answered request.
 
     .venv/bin/python bench/scaleout.py                       # N = 1,2,3,4, 0.1 core each
     .venv/bin/python bench/scaleout.py --workers 1,2 --duration 4   # a quick look
+    .venv/bin/python bench/scaleout.py --workers 1,4 --repeat 3     # medians over three rounds
 
 Needs root (to make cgroups) and PostgreSQL and Redis on 127.0.0.1 (see --database-admin,
 --redis-url). Writes bench/out/scaleout-<timestamp>.json.
@@ -29,6 +30,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -54,14 +56,19 @@ CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 10_000  # short, so a capped worker waits at most ~10 ms for its next slice
 COLUMNS = [
-    ("workers", "workers"), ("CPU given (cores)", "cores"), ("mode", "mode"), ("c", "concurrency"),
+    ("round", "round"), ("workers", "workers"), ("CPU given (cores)", "cores"), ("mode", "mode"), ("c", "concurrency"),
     ("req/s", "rps"), ("x one worker", "speedup"), ("per slice vs one", "efficiency"),
     ("gw CPU ms/req", "gateway_cpu_ms_per_req"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"),
     ("workers throttled s/s", "throttled_s_per_s"), ("CPU 1 busy %", "load_cpu_busy_pct"),
     ("client connections per worker", "connections"), ("errors", "errors"),
 ]
+SUMMARY_COLUMNS = [
+    ("mode", "mode"), ("clients per worker", "per_worker"), ("workers", "workers"), ("rounds", "rounds"),
+    ("median req/s", "rps"), ("median x one worker", "speedup"), ("range", "range"),
+]
 LEDGER_COLUMNS = [
-    ("workers", "workers"), ("answered", "answered"), ("ok events", "ok_events"), ("calls booked", "calls_used"),
+    ("round", "round"), ("workers", "workers"), ("answered", "answered"), ("ok events", "ok_events"),
+    ("calls booked", "calls_used"),
     ("spent (USD)", "spent_usd"), ("sum of events (USD)", "events_usd"), ("still held", "reserved_pico"),
     ("open holds", "open_holds"), ("exact", "exact"),
 ]
@@ -246,10 +253,25 @@ def with_speedup(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["mode"], r["concurrency"] // r["workers"], r["workers"]))
 
 
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["mode"], row["concurrency"] // row["workers"], row["workers"]), []).append(row)
+    result = []
+    for (mode, per_worker, workers), group in sorted(groups.items()):
+        ratios = sorted(r["speedup"] for r in group if "speedup" in r)
+        result.append({"mode": mode, "per_worker": per_worker, "workers": workers, "rounds": len(group),
+                       "rps": round(statistics.median(r["rps"] for r in group), 1),
+                       "speedup": round(statistics.median(ratios), 2) if ratios else None,
+                       "range": f"{ratios[0]:.2f}-{ratios[-1]:.2f}" if ratios else "-"})
+    return result
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_load_options(parser, duration=8.0, concurrency="32")  # --concurrency: per worker here
     parser.add_argument("--workers", default="1,2,3,4", help="comma-separated worker counts (default 1,2,3,4)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every N, alternating (default 1)")
     parser.add_argument("--share", type=float, default=0.1, help="CPU per worker, in cores (default 0.1)")
     parser.add_argument("--database-admin", default=os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432"),
                         help="PostgreSQL server URL, without a database (each run makes and drops its own)")
@@ -257,8 +279,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_load_options(parser, args)
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
-    if not args.workers or min(args.workers) < 1 or not 0.01 <= args.share <= 1.0:
-        parser.error("--workers: positive integers; --share: within [0.01, 1]")
+    if not args.workers or min(args.workers) < 1 or not 0.01 <= args.share <= 1.0 or args.repeat < 1:
+        parser.error("--workers: positive integers; --share: within [0.01, 1]; --repeat: at least 1")
     if max(args.workers) * args.share > 1.0:
         parser.error(f"{max(args.workers)} workers x {args.share} core exceed core 0")
     return args
@@ -278,15 +300,22 @@ def main(argv: list[str] | None = None) -> int:
     os.sched_setaffinity(0, {LOAD_CPU})
     rows, books = [], []
     started = time.perf_counter()
-    for workers in args.workers:
-        more, ledger = run_one(args, workers)
-        rows += more
-        books.append(ledger)
-    report["runs"], report["ledger"] = with_speedup(rows), books
+    for round_ in range(1, args.repeat + 1):  # every N once per round, so that the machine's drift spreads over all
+        measured = []
+        for workers in args.workers:
+            more, ledger = run_one(args, workers)
+            measured += more
+            books.append({"round": round_} | ledger)
+        rows += [{"round": round_} | row for row in with_speedup(measured)]
+    report["runs"], report["ledger"] = rows, books
+    report["summary"] = summary(rows)
     report["wall_s"] = round(time.perf_counter() - started, 1)
     git, machine = report["git"], report["machine"]
     print(f"\n## Scale-out: gateway workers, {args.share:g} core each ({git['commit']}, {machine['cpu_model']})\n")
     print(markdown_table(COLUMNS, report["runs"]))
+    if args.repeat > 1:
+        print(f"\n### Over {args.repeat} rounds: the median, and the range, of each round's ratio to its own one worker\n")
+        print(markdown_table(SUMMARY_COLUMNS, report["summary"]))
     print("\n### The books after each run (PostgreSQL ledger, gateway stopped)\n")
     print(markdown_table(LEDGER_COLUMNS, books))
     path = write_json("scaleout", report, args.out_dir)
