@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy.dialects import postgresql
+
 from gateway.accounting.native import Native, Row, Staged, insert_sql
 from gateway.accounting.tables import Reservation, UsageEvent
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, Refusal
@@ -50,11 +52,18 @@ MOVE_TO_SPENT = (
 
 
 INSERT_RESERVATION = insert_sql("reservations", [c.name for c in Reservation.__table__.columns])  # type: ignore[attr-defined]
-# PostgreSQL, one round trip each. The hold records its reservation row whether the
-# budget takes it or not; a refused hold deletes it again (refusals are the rare case).
-HOLD_AND_RECORD = (f"WITH recorded AS ({INSERT_RESERVATION} RETURNING 1) "
-                   f"{HOLD.replace('WHERE id = :id', 'WHERE id = :budget_id')} RETURNING {LEFT}")
-FORGET_RESERVATION = "DELETE FROM reservations WHERE id = :id"
+# PostgreSQL, one round trip each. The reservation row is written only if the budget
+# takes the hold, so a refusal writes nothing: the writer may then commit in the same
+# round trip (accounting/writer.py) and hold the budget row's lock for no longer than the
+# server takes. Typed casts: the values come from a SELECT, not a VALUES list.
+_PG = postgresql.dialect()  # type: ignore[no-untyped-call]
+_RESERVATION_VALUES = ", ".join(f"CAST(:{c.name} AS {c.type.compile(dialect=_PG)})"
+                                for c in Reservation.__table__.columns)  # type: ignore[attr-defined]
+HOLD_AND_RECORD = (
+    f"WITH held AS ({HOLD.replace('WHERE id = :id', 'WHERE id = :budget_id')} RETURNING {LEFT} AS left_pico),"
+    f" recorded AS ({INSERT_RESERVATION.split(' VALUES ')[0]} SELECT {_RESERVATION_VALUES} FROM held RETURNING 1)"
+    " SELECT left_pico FROM held"
+)
 END_AND_SPEND = (f"WITH ended AS ({END_RESERVATION} RETURNING 1), spent AS ("
                  f"{MOVE_TO_SPENT.replace('WHERE id = :id', 'WHERE id = ANY(:budget_ids)')}"
                  " AND EXISTS (SELECT 1 FROM ended) RETURNING 1) SELECT count(*) FROM ended")
@@ -145,10 +154,10 @@ class Ledger:
             expires_at=request.expires_at, settled_pico=None, ended_at=None)
 
         def after_hold(sql: Native, left: Row | None) -> Hold:
-            """After HOLD_AND_RECORD on the one claim (PostgreSQL)."""
+            """After HOLD_AND_RECORD on the one claim (PostgreSQL). Refused, it wrote
+            nothing: then as below - create the budget row, or refuse."""
             if left is not None:
                 return Hold(hold_id, request.amount_pico, request.tokens, (claims[0].budget_id,), left[0])
-            sql.execute(FORGET_RESERVATION, {"id": hold_id})  # then as below: create the budget, or refuse
             return each_claim(sql)
 
         def each_claim(sql: Native) -> Hold:
@@ -173,7 +182,8 @@ class Ledger:
         one = None
         if len(claims) == 1 and self.writer.one_trip:
             one = Staged(HOLD_AND_RECORD, {**row, "budget_id": claims[0].budget_id, "limit": claims[0].limit_pico,
-                                           "amount": request.amount_pico, "margin": request.margin_pico}, after_hold)
+                                           "amount": request.amount_pico, "margin": request.margin_pico}, after_hold,
+                         more=_refused_or_new)
 
         def op(sql: Native) -> Hold:
             return one.run(sql) if one is not None else each_claim(sql)
@@ -267,6 +277,12 @@ def _orphan_reason(request_id: str) -> str:
 def _end_params(hold: Hold, charged: int, used: int, state: str, now: datetime, unused: int = 0) -> dict[str, Any]:
     return {"state": state, "charged": charged, "now": now, "id": hold.id, "budget_ids": list(hold.budget_ids),
             "amount": hold.amount_pico, "tokens": hold.tokens, "used": used, "drawn_by": hold.claimed_by, "unused": unused}
+
+
+def _refused_or_new(row: Row | None) -> bool:
+    """Whether a hold's one statement left more to do: the budget did not take it (full,
+    or its row not created yet)."""
+    return row is None
 
 
 def _ended(sql: Native, row: Row | None) -> bool:

@@ -78,9 +78,10 @@ class Native:
         row = self._cursor.fetchone()
         return None if row is None else tuple(row)
 
-    def fetch_each(self, statements: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Row | None]:
+    def fetch_each(self, statements: Sequence[tuple[str, Mapping[str, Any]]], *, commit: bool = False) -> list[Row | None]:
         """PostgreSQL: send the statements together in pipeline mode - one round trip
-        for all - and return each one's first row."""
+        for all, and the transaction's COMMIT with them if `commit` - and return each
+        one's first row."""
         assert self._connection is not None and self.pipelines
         cursors = []
         with self._connection.pipeline():
@@ -88,6 +89,8 @@ class Native:
                 cursor = self._connection.cursor()
                 cursor.execute(self._sql(sql), self._params(params))
                 cursors.append(cursor)
+            if commit:
+                self._connection.cursor().execute("COMMIT")
         rows = [cursor.fetchone() for cursor in cursors]
         for cursor in cursors:
             cursor.close()
@@ -110,11 +113,15 @@ def _pipeline_supported() -> bool:
 class Staged(Generic[T]):
     """An operation that is one statement, then `finish` with that statement's first
     row (which may run more statements, or refuse). Where statements are round trips
-    (PostgreSQL) the writer sends a batch's staged statements together."""
+    (PostgreSQL) the writer sends a batch's staged statements together, and with them
+    its COMMIT when no `finish` needs more (`more`)."""
 
     sql: str
     params: Mapping[str, Any]
     finish: Callable[[Native, Row | None], T]
+    # Whether `finish` would run statements of its own for this row. When it would not
+    # (the common case), the writer may commit in the statement's own round trip.
+    more: Callable[[Row | None], bool] = lambda row: False
 
     def run(self, sql: Native) -> T:
         return self.finish(sql, sql.fetchone(self.sql, self.params))

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine
@@ -185,19 +185,28 @@ class GroupCommitWriter:
 
     def _commit(self, batch: list[_Op[Any]]) -> None:
         culprit: _Op[Any] | None = None
+        again: list[_Op[Any]] = []
         try:
             conn = self._begin()
-            results: list[tuple[bool, Any]] = []
-            for op, done in zip(batch, self._apply_staged(conn, batch), strict=True):
-                if done is None:
-                    culprit = op
-                    done = self._apply(conn, op, savepoint=len(batch) > 1)
-                results.append(done)
-            culprit = None
-            if any(ok for ok, _ in results):
-                conn.commit()
-            else:  # a lone operation that failed: nothing to keep
-                conn.rollback()
+            staged, committed = self._apply_staged(conn, batch)
+            if committed:
+                # Durable already. An operation its one statement left undone (it wrote
+                # nothing: see Staged.more) runs again, in full, in a transaction of its own.
+                again = [replace(op, staged=None) for op, done in zip(batch, staged, strict=True) if done is None]
+                results = [done for done in staged if done is not None]
+                batch = [op for op, done in zip(batch, staged, strict=True) if done is not None]
+            else:
+                results = []
+                for op, done in zip(batch, staged, strict=True):
+                    if done is None:
+                        culprit = op
+                        done = self._apply(conn, op, savepoint=len(batch) > 1)
+                    results.append(done)
+                culprit = None
+                if any(ok for ok, _ in results):
+                    conn.commit()
+                else:  # a lone operation that failed: nothing to keep
+                    conn.rollback()
         except Exception as exc:  # nothing in the batch is durable
             log.exception("ledger commit failed for %d operations", len(batch))
             self._discard()  # its state is unknown; closing it rolls back whatever is open
@@ -207,6 +216,8 @@ class GroupCommitWriter:
         self.ops += len(batch)
         for op, (ok, value) in zip(batch, results, strict=True):
             op.loop.call_soon_threadsafe(_resolve, op.future, ok, value)
+        if again:
+            self._commit(again)
 
     def _begin(self) -> _Connection:
         if self._conn is not None:
@@ -222,22 +233,34 @@ class GroupCommitWriter:
         self._conn.begin()
         return self._conn
 
-    def _apply_staged(self, conn: _Connection, batch: list[_Op[Any]]) -> list[tuple[bool, Any] | None]:
+    def _apply_staged(self, conn: _Connection, batch: list[_Op[Any]]) -> tuple[list[tuple[bool, Any] | None], bool]:
         """Where statements are round trips, send the staged operations' statements in
-        one, then finish each in batch order; the rest (None here) run one by one."""
+        one, then finish each in batch order; the rest (None here) run one by one.
+        When every operation in the batch is staged, COMMIT goes in that same round trip
+        (True returned): no lock a statement takes (a budget row's, above all) is then
+        held while this thread waits for the GIL. An operation whose row leaves more to
+        do (None here) has written nothing, and is run again by the caller."""
         results: list[tuple[bool, Any] | None] = [None] * len(batch)
         if not conn.sql.pipelines:
-            return results
+            return results, False
         staged = [(i, op.staged) for i, op in enumerate(batch) if op.staged is not None and not op.isolated]
-        if len(staged) < 2:
-            return results
-        rows = conn.sql.fetch_each([(one.sql, one.params) for _, one in staged])
+        whole = len(staged) == len(batch)
+        if len(staged) < 2 and not whole:
+            return results, False
+        rows = conn.sql.fetch_each([(one.sql, one.params) for _, one in staged], commit=whole)
         for (i, one), row in zip(staged, rows, strict=True):
+            if whole and one.more(row):
+                continue
             try:
                 results[i] = True, one.finish(conn.sql, row)
-            except Refusal as refused:  # like `_apply`: any other error fails the batch
+            except Refusal as refused:
                 results[i] = False, refused
-        return results
+            except Exception as exc:
+                if not whole:
+                    raise  # like `_apply`: any other error fails the batch, which is not committed
+                log.exception("a committed ledger operation failed to finish")  # a bug: the write stands
+                results[i] = False, exc
+        return results, whole
 
     def _apply(self, conn: _Connection, op: _Op[Any], *, savepoint: bool) -> tuple[bool, Any]:
         if not op.isolated:

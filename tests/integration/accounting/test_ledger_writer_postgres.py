@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
+from gateway.accounting import ledger as ledger_module
 from gateway.accounting.database import make_engine, migrate
 from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger
 from gateway.accounting.native import Native
@@ -168,7 +169,10 @@ def test_a_batch_sent_in_one_round_trip_keeps_every_hold_and_settlement_exact(en
     assert [h.headroom_pico if isinstance(h, Hold) else type(h) for h in holds] == [400, 100, BudgetExceeded, 10]
     assert later[:2] == [True, True]
     assert isinstance(later[2], Hold) and later[2].headroom_pico == 50  # the settlements ahead of it had freed the room
-    assert batches == 3  # the holds, the flush, then settlements and hold together
+    # The holds (committed in their round trip; the refused one and the new budget's
+    # first hold, which wrote nothing there, again on their own), the flush, then the
+    # settlements and hold together.
+    assert batches == 4
     with engine.connect() as conn:
         states = dict(conn.execute(text("SELECT request_id, state FROM reservations")).all())
         money = {r[0]: tuple(r[1:]) for r in conn.execute(text("SELECT id, reserved_pico, spent_pico, calls_used FROM budgets"))}
@@ -176,3 +180,39 @@ def test_a_batch_sent_in_one_round_trip_keeps_every_hold_and_settlement_exact(en
     assert states == {"req_1": "settled", "req_2": "released", "req_4": "reserved", "req_5": "reserved"}
     assert money == {WIDE.budget_id: (700, 250, 3), new.budget_id: (40, 0, 1)}
     assert booked == ["req_1", "req_2"]
+
+
+@pytest.mark.services
+def test_a_batch_of_holds_and_settlements_releases_the_budget_row_before_its_results_are_read(
+    engine: Engine, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Replicas share a tenant's budget row. If a batch's COMMIT waited for this process
+    # to read its results (and for this thread to get the GIL back), every other
+    # replica's hold would wait on the row's lock meanwhile.
+    seen: list[str] = []
+    real_ended = ledger_module._ended
+
+    def probing_ended(sql: Native, row: Any) -> bool:
+        with psycopg.connect(postgres_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as other:
+            try:
+                other.execute("SELECT 1 FROM budgets WHERE id = %s FOR UPDATE NOWAIT", (WIDE.budget_id,))
+                seen.append("free")
+            except psycopg.errors.LockNotAvailable:
+                seen.append("locked")
+        return real_ended(sql, row)
+
+    async def main() -> bool:
+        writer = GroupCommitWriter(engine)
+        ledger = Ledger(writer)
+        writer.start()
+        try:
+            hold = await ledger.reserve(request(1, 600), [WIDE])
+            monkeypatch.setattr(ledger_module, "_ended", probing_ended)
+            return await ledger.settle([hold], 250, 7, [booking(1, hold, 250)], NOW)
+        finally:
+            await writer.stop()
+
+    assert asyncio.run(main()) is True
+    assert seen == ["free"]
+    with engine.connect() as conn:
+        assert tuple(conn.execute(text("SELECT reserved_pico, spent_pico FROM budgets")).one()) == (0, 250)
