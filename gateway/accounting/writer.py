@@ -9,8 +9,8 @@ drives transactions with plain SQL: per batch that is BEGIN, the statements, COM
 none of the pool checkout, Connection and Transaction objects and events that cost
 more CPU than the statements themselves. On PostgreSQL a batch of one-statement
 operations sends its statements and COMMIT in one round trip, so that the locks they
-take (a shared budget row's) are not held while this thread waits for the GIL. A connection that breaks is thrown away and
-the next batch opens a fresh one."""
+take (a shared budget row's) are not held while this thread waits for the GIL. A
+connection that breaks is thrown away and the next batch opens a fresh one."""
 
 from __future__ import annotations
 
