@@ -194,18 +194,17 @@ class GroupCommitWriter:
             if committed:
                 # Durable already. An operation its one statement left undone (it wrote
                 # nothing: see Staged.more) runs again, in full, in a transaction of its own.
+                finished = [(op, done) for op, done in zip(batch, staged, strict=True) if done is not None]
                 again = [replace(op, staged=None) for op, done in zip(batch, staged, strict=True) if done is None]
-                results = [done for done in staged if done is not None]
-                batch = [op for op, done in zip(batch, staged, strict=True) if done is not None]
             else:
-                results = []
+                finished = []
                 for op, done in zip(batch, staged, strict=True):
                     if done is None:
                         culprit = op
                         done = self._apply(conn, op, savepoint=len(batch) > 1)
-                    results.append(done)
+                    finished.append((op, done))
                 culprit = None
-                if any(ok for ok, _ in results):
+                if any(ok for _, (ok, _) in finished):
                     conn.commit()
                 else:  # a lone operation that failed: nothing to keep
                     conn.rollback()
@@ -213,10 +212,10 @@ class GroupCommitWriter:
             log.exception("ledger commit failed for %d operations", len(batch))
             self._discard()  # its state is unknown; closing it rolls back whatever is open
             own = culprit is not None and not isinstance(exc, self._driver_errors)  # a bug in one op, not the database
-            results = [(False, exc if own and op is culprit else self._unavailable(exc)) for op in batch]
+            finished = [(op, (False, exc if own and op is culprit else self._unavailable(exc))) for op in batch]
         self.batches += 1
-        self.ops += len(batch)
-        for op, (ok, value) in zip(batch, results, strict=True):
+        self.ops += len(finished)
+        for op, (ok, value) in finished:
             op.loop.call_soon_threadsafe(_resolve, op.future, ok, value)
         if again:
             self._commit(again)
