@@ -51,18 +51,18 @@ MOVE_TO_SPENT = (
 )
 
 
-INSERT_RESERVATION = insert_sql("reservations", [c.name for c in Reservation.__table__.columns])  # type: ignore[attr-defined]
+RESERVATION_COLUMNS = list(Reservation.__table__.columns)  # type: ignore[attr-defined]
+INSERT_RESERVATION = insert_sql("reservations", [c.name for c in RESERVATION_COLUMNS])
 # PostgreSQL, one round trip each. The reservation row is written only if the budget
 # takes the hold, so a refusal writes nothing: the writer may then commit in the same
 # round trip (accounting/writer.py) and hold the budget row's lock for no longer than the
 # server takes. Typed casts: the values come from a SELECT, not a VALUES list.
 _PG = postgresql.dialect()  # type: ignore[no-untyped-call]
-_RESERVATION_VALUES = ", ".join(f"CAST(:{c.name} AS {c.type.compile(dialect=_PG)})"
-                                for c in Reservation.__table__.columns)  # type: ignore[attr-defined]
 HOLD_AND_RECORD = (
     f"WITH held AS ({HOLD.replace('WHERE id = :id', 'WHERE id = :budget_id')} RETURNING {LEFT} AS left_pico),"
-    f" recorded AS ({INSERT_RESERVATION.split(' VALUES ')[0]} SELECT {_RESERVATION_VALUES} FROM held RETURNING 1)"
-    " SELECT left_pico FROM held"
+    f" recorded AS (INSERT INTO reservations ({', '.join(c.name for c in RESERVATION_COLUMNS)})"
+    f" SELECT {', '.join(f'CAST(:{c.name} AS {c.type.compile(dialect=_PG)})' for c in RESERVATION_COLUMNS)}"
+    " FROM held RETURNING 1) SELECT left_pico FROM held"
 )
 END_AND_SPEND = (f"WITH ended AS ({END_RESERVATION} RETURNING 1), spent AS ("
                  f"{MOVE_TO_SPENT.replace('WHERE id = :id', 'WHERE id = ANY(:budget_ids)')}"
