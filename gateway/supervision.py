@@ -18,13 +18,10 @@ SUPERVISOR_ENV = "GATEWAY_SUPERVISOR_PID"
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
-def stop_with_supervisor(environ: Mapping[str, str]) -> bool:
-    """In a worker (the variable set): arrange the SIGTERM; True if it was arranged."""
+def stop_with_supervisor(environ: Mapping[str, str]) -> None:
+    """In a worker (the variable set): arrange the SIGTERM."""
     supervisor = environ.get(SUPERVISOR_ENV)
     if supervisor is None or sys.platform != "linux":
-        return False
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
-        return False
-    if os.getppid() != int(supervisor):  # it died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-    return True
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) == 0 and os.getppid() != int(supervisor):
+        os.kill(os.getpid(), signal.SIGTERM)  # it died before the request took effect
