@@ -25,6 +25,20 @@ def _pyformat(sql: str) -> str:
     return NAMED.sub(r"%(\1)s", sql)
 
 
+@lru_cache(maxsize=256)
+def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """SQLite: `:name` as `?N`, and the names in N's order. The sqlite3 module binds a
+    tuple by position; a dict it binds by looking up every parameter's name, which
+    costs about as much as the statement (measured: a 32-column event insert took
+    17 us with a dict, 8-13 us with a tuple)."""
+    names: dict[str, int] = {}
+
+    def number(found: re.Match[str]) -> str:
+        return f"?{names.setdefault(found.group(1), len(names) + 1)}"
+
+    return NAMED.sub(number, sql), tuple(names)
+
+
 class Native:
     """What a ledger operation may do inside the writer's transaction: run statements
     written with `:name` parameters and read the few rows it needs. Transactions and
@@ -50,31 +64,32 @@ class Native:
         return cls(raw.cursor(), pyformat=dialect.paramstyle == "pyformat", sqlite=dialect.name == "sqlite",
                    returning=bool(dialect.update_returning), connection=raw)
 
-    def _sql(self, sql: str) -> str:
-        return _pyformat(sql) if self._pyformat else sql
-
-    def _params(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _bound(self, sql: str, params: Mapping[str, Any]) -> tuple[str, Any]:
+        """The statement as the driver takes it, and its parameters."""
         if not self._sqlite:
-            return params
-        # Store datetimes exactly as SQLAlchemy does on SQLite (naive UTC text), so rows
-        # written here and rows written through the ORM compare and parse alike.
-        return {k: _sqlite_time(v) if isinstance(v, datetime) else v for k, v in params.items()}
+            return (_pyformat(sql) if self._pyformat else sql), params
+        text, names = _numbered(sql)
+        return text, _positional(names, params)
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> int:
         """Run one statement; returns the number of rows it changed."""
-        self._cursor.execute(self._sql(sql), self._params(params))
+        self._cursor.execute(*self._bound(sql, params))
         return int(self._cursor.rowcount)
 
     def exists(self, sql: str, params: Mapping[str, Any]) -> bool:
-        self._cursor.execute(self._sql(sql), self._params(params))
+        self._cursor.execute(*self._bound(sql, params))
         return self._cursor.fetchone() is not None
 
     def executemany(self, sql: str, rows: Iterable[Mapping[str, Any]]) -> None:
-        self._cursor.executemany(self._sql(sql), [self._params(r) for r in rows])
+        if not self._sqlite:
+            self._cursor.executemany(_pyformat(sql) if self._pyformat else sql, list(rows))
+            return
+        text, names = _numbered(sql)
+        self._cursor.executemany(text, [_positional(names, row) for row in rows])
 
     def fetchone(self, sql: str, params: Mapping[str, Any]) -> Row | None:
         """The first row (as a tuple) of a query, or of an `UPDATE ... RETURNING`."""
-        self._cursor.execute(self._sql(sql), self._params(params))
+        self._cursor.execute(*self._bound(sql, params))
         row = self._cursor.fetchone()
         return None if row is None else tuple(row)
 
@@ -87,7 +102,7 @@ class Native:
         with self._connection.pipeline():
             for sql, params in statements:
                 cursor = self._connection.cursor()
-                cursor.execute(self._sql(sql), self._params(params))
+                cursor.execute(*self._bound(sql, params))
                 cursors.append(cursor)
             if commit:
                 self._connection.cursor().execute("COMMIT")
@@ -97,7 +112,7 @@ class Native:
         return [None if row is None else tuple(row) for row in rows]
 
     def fetchall(self, sql: str, params: Mapping[str, Any]) -> list[Row]:
-        self._cursor.execute(self._sql(sql), self._params(params))
+        self._cursor.execute(*self._bound(sql, params))
         return [tuple(row) for row in self._cursor.fetchall()]
 
 
@@ -125,6 +140,16 @@ class Staged(Generic[T]):
 
     def run(self, sql: Native) -> T:
         return self.finish(sql, sql.fetchone(self.sql, self.params))
+
+
+def _positional(names: tuple[str, ...], params: Mapping[str, Any]) -> tuple[Any, ...]:
+    """SQLite's parameters in `names`' order. Datetimes are stored exactly as SQLAlchemy
+    stores them on SQLite (naive UTC text), so rows written here and rows written
+    through the ORM compare and parse alike."""
+    try:
+        return tuple(_sqlite_time(v) if isinstance(v := params[name], datetime) else v for name in names)
+    except KeyError as missing:
+        raise KeyError(f"no value for the statement's parameter :{missing.args[0]}") from None
 
 
 def _sqlite_time(moment: datetime) -> str:
