@@ -90,10 +90,22 @@ def serve_workers(config: uvicorn.Config) -> int:
     a failure rather than a clean stop."""
     from uvicorn.supervisors import Multiprocess
 
+    from gateway import listening
     from gateway.supervision import SUPERVISOR_ENV
 
+    if not listening.supported():
+        port = config.bind_socket()  # one socket for all; exits STARTUP_FAILURE itself if the port is taken
+    else:
+        try:
+            # A socket per worker (gateway/listening.py); the lock stays open until they stop.
+            port, _lock = listening.supervisor_socket(config.host, config.port)
+        except OSError as exc:
+            logging.getLogger("uvicorn.error").error(exc)
+            return STARTUP_FAILURE
+        logging.getLogger("uvicorn.error").info("Gateway running on http://%s:%d, a listening socket per worker",
+                                                config.host, port.getsockname()[1])
     os.environ[SUPERVISOR_ENV] = str(os.getpid())  # the workers stop if this process dies (gateway/supervision.py)
-    supervisor = Multiprocess(config, sockets=[config.bind_socket()])  # exits STARTUP_FAILURE itself if the port is taken
+    supervisor = Multiprocess(config, sockets=[port])
     supervisor.run()
     return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
 

@@ -1,6 +1,7 @@
 """`gateway serve --workers N` as an operator runs it: N processes behind one port sharing
-one budget with the books exact, one that dies replaced, workers that cannot start or a
-port in use failing the command, all stopped by one SIGTERM."""
+one budget with the books exact, connections spread over every worker, one that dies
+replaced, workers that cannot start or a port in use (by another program or another
+gateway) failing the command, all stopped by one SIGTERM."""
 
 from __future__ import annotations
 
@@ -110,6 +111,46 @@ def test_workers_share_the_port_and_the_books_stay_exact(tmp_path: Path, redis_p
     assert Decimal(spent).scaleb(-12) == billed > 0
 
 
+def sockets_held(port: int, pid: int, state: str) -> int:
+    """TCP sockets on local `port` in `state` (01 established, 0A listening) that process `pid` holds."""
+    on_port = {line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+               if int(line.split()[1].rsplit(":", 1)[1], 16) == port and line.split()[3] == state}
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            held.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
+    return len(on_port & held)
+
+
+@pytest.mark.services
+@pytest.mark.skipif(sys.platform != "linux", reason="a listening socket per worker is Linux's (gateway/listening.py)")
+def test_connections_opened_while_a_worker_is_stalled_still_reach_it(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
+    """A client pool opened in a burst, while one worker is busy (here: stopped), is
+    spread over every worker rather than taken by whichever was awake."""
+    with serving(tmp_path, redis_prefix, workers=2) as (proc, url, _):
+        port = int(url.rsplit(":", 1)[1])
+        wait_for(lambda: len(children(proc.pid)) == 2 and all(sockets_held(port, pid, "0A") for pid in children(proc.pid)),
+                 "both workers listen")
+        stalled, awake = children(proc.pid)
+        os.kill(stalled, signal.SIGSTOP)
+        try:
+            pool = [socket.create_connection(("127.0.0.1", port)) for _ in range(CONNECTIONS)]
+        finally:
+            os.kill(stalled, signal.SIGCONT)
+        try:
+            for conn in pool:  # every connection answers, whichever worker holds it
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n")
+                assert conn.recv(64).startswith(b"HTTP/1.1 200"), "a connection went unanswered"
+            held = {pid: sockets_held(port, pid, "01") for pid in (stalled, awake)}
+        finally:
+            for conn in pool:
+                conn.close()
+        assert sum(held.values()) == CONNECTIONS
+        assert all(held.values()), f"a worker got none of a burst of {CONNECTIONS} connections: {held}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
 @pytest.mark.services
 def test_a_worker_that_dies_is_replaced(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
     with serving(tmp_path, redis_prefix, workers=2) as (proc, url, key):
@@ -142,6 +183,23 @@ def test_a_port_in_use_is_refused_at_once(tmp_path: Path, redis_prefix: tuple[st
         with serving(tmp_path, redis_prefix, workers=2, port=port) as (proc, _, _):
             assert proc.wait(60) == STARTUP_FAILURE
     assert "address already in use" in (tmp_path / "gateway.log").read_text().lower()
+
+
+@pytest.mark.services
+@pytest.mark.skipif(sys.platform != "linux", reason="elsewhere the port itself is refused, as any taken port")
+def test_a_second_gateway_on_the_same_port_is_refused(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    with serving(tmp_path / "first", redis_prefix, workers=2) as (first, url, key):
+        wait_for(lambda: answers(url) and len(children(first.pid)) == 2, "the first gateway serves")
+        port = int(url.rsplit(":", 1)[1])
+        with serving(tmp_path / "second", redis_prefix, workers=2, port=port) as (second, _, _):
+            assert second.wait(60) == STARTUP_FAILURE
+        assert "another gateway serves port" in (tmp_path / "second" / "gateway.log").read_text()
+        with httpx.Client(timeout=30) as client:  # the first one is untouched
+            assert chat(client, url, key).status_code == 200
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(60) == 0
 
 
 @pytest.mark.services
