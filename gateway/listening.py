@@ -8,6 +8,10 @@ in 3 of 5 rounds of four workers, which then did the work of three. With SO_REUS
 each worker has a socket of its own and Linux spreads connections over them by a hash
 of the client's address and port, whatever each worker is doing at that moment.
 
+The price: connections queued to a worker and not yet accepted wait for it if it
+stalls, and are reset if it dies (unless `net.ipv4.tcp_migrate_req` is 1), where a
+shared socket let another worker take them.
+
 The supervisor binds the port first, so a port another program holds still fails the
 command at once, and holds an abstract socket named after the port, so that a second
 gateway cannot join the first one's workers on it (SO_REUSEPORT would let it).

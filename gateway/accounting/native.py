@@ -67,9 +67,12 @@ class Native:
     def _bound(self, sql: str, params: Mapping[str, Any]) -> tuple[str, Any]:
         """The statement as the driver takes it, and its parameters."""
         if not self._sqlite:
-            return (_pyformat(sql) if self._pyformat else sql), params
+            return self._server_sql(sql), params
         text, names = _numbered(sql)
         return text, _positional(names, params)
+
+    def _server_sql(self, sql: str) -> str:
+        return _pyformat(sql) if self._pyformat else sql
 
     def execute(self, sql: str, params: Mapping[str, Any]) -> int:
         """Run one statement; returns the number of rows it changed."""
@@ -82,7 +85,7 @@ class Native:
 
     def executemany(self, sql: str, rows: Iterable[Mapping[str, Any]]) -> None:
         if not self._sqlite:
-            self._cursor.executemany(_pyformat(sql) if self._pyformat else sql, list(rows))
+            self._cursor.executemany(self._server_sql(sql), list(rows))
             return
         text, names = _numbered(sql)
         self._cursor.executemany(text, [_positional(names, row) for row in rows])
