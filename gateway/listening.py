@@ -4,7 +4,7 @@ With one socket shared by every worker, a new connection goes to whichever worke
 accepts first, and uvloop accepts every pending connection at once. Clients that open
 their pools in a burst (as load balancers and connection pools do) land on the workers
 that happened to be awake: `bench/scaleout.py` found a worker with no connection at all
-in 3 of 5 rounds of four workers, which then did the work of three. With SO_REUSEPORT
+in 4 of 5 rounds of four workers streaming, which then did the work of three. With SO_REUSEPORT
 each worker has a socket of its own and Linux spreads connections over them by a hash
 of the client's address and port, whatever each worker is doing at that moment.
 
@@ -19,6 +19,7 @@ gateway cannot join the first one's workers on it (SO_REUSEPORT would let it).
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 from typing import Any
@@ -57,7 +58,7 @@ def supervisor_socket(host: str, port: int) -> tuple[PerWorkerSocket, socket.soc
             lock.bind(f"\0gateway-serve-{family.name}-{sock.getsockname()[1]}")
         except OSError:
             lock.close()
-            raise OSError(f"[Errno 98] address already in use: another gateway serves port {sock.getsockname()[1]}") from None
+            raise OSError(errno.EADDRINUSE, f"address already in use: another gateway serves port {sock.getsockname()[1]}") from None
     except OSError:
         sock.close()
         raise
