@@ -96,14 +96,14 @@ def serve_workers(config: uvicorn.Config) -> int:
     if not listening.supported():
         port = config.bind_socket()  # one socket for all; exits STARTUP_FAILURE itself if the port is taken
     else:
+        log = logging.getLogger("uvicorn.error")  # where uvicorn reports its own binding
         try:
             # A socket per worker (gateway/listening.py); the lock stays open until they stop.
             port, _lock = listening.supervisor_socket(config.host, config.port)
         except OSError as exc:
-            logging.getLogger("uvicorn.error").error(exc)
+            log.error(exc)
             return STARTUP_FAILURE
-        logging.getLogger("uvicorn.error").info("Gateway running on http://%s:%d, a listening socket per worker",
-                                                config.host, port.getsockname()[1])
+        log.info("Gateway running on http://%s:%d, a listening socket per worker", config.host, port.getsockname()[1])
     os.environ[SUPERVISOR_ENV] = str(os.getpid())  # the workers stop if this process dies (gateway/supervision.py)
     supervisor = Multiprocess(config, sockets=[port])
     supervisor.run()
