@@ -1,21 +1,24 @@
-"""create_app(settings): lifespan, routers and error handling, assembled in one place."""
+"""create_app(settings): the ASGI app uvicorn serves.
+
+It owns the lifespan (the services are built at start-up and closed at shutdown) and
+sends each request where it belongs: the hot paths (chat, completions, embeddings) and
+liveness are answered here, every other route by the framework app. Importing the
+framework and building its routes is about a third of `gateway serve`'s start-up CPU,
+and no model call needs it, so it is built in a thread once start-up is complete: the
+gateway answers model calls meanwhile, and a request for another route waits for it."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import traceback
 from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
+import orjson
 
-from gateway.api.admin import build_admin_router
-from gateway.api.errors import install_error_handlers
-from gateway.api.health import build_health_router
-from gateway.api.hot_paths import HotPaths
-from gateway.api.openai_routes import build_router
-from gateway.api.tasks import build_tasks_router
-from gateway.api.tools import build_tools_router
+from gateway.api.hot_paths import ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_whole
+from gateway.errors import GatewayError
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.supervision import stop_with_supervisor
@@ -23,27 +26,72 @@ from gateway.supervision import stop_with_supervisor
 if TYPE_CHECKING:
     from gateway.accounting.prices import PriceCatalog
 
+LIVE = b'{"status":"ok"}'
+log = logging.getLogger("gateway.api")
 
-def create_app(settings: Settings | None = None, catalog: PriceCatalog | None = None) -> HotPaths:
-    """`catalog`: prices already read from the settings' pricing folder, if any."""
-    settings = settings or Settings()
-    stop_with_supervisor(os.environ)  # a worker of `serve --workers N`: not outliving the supervisor
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        services = Services.build(settings, catalog)
-        app.state.services = services
-        services.start_background()
+class GatewayApp:
+    def __init__(self, settings: Settings, catalog: PriceCatalog | None) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self._hot: HotPaths | None = None  # from start-up on
+        self._framework: asyncio.Future[ASGIApp] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] == "http":
+            endpoint = hot_endpoint(scope)
+            if endpoint is not None and self._hot is not None:
+                await self._hot(endpoint, scope, receive, send)
+                return
+            if scope["path"] == "/healthz" and scope["method"] == "GET":
+                await send_whole(send, 200, LIVE, {})
+                return
+        if self._framework is None:
+            raise RuntimeError("the gateway serves requests only after its lifespan start-up")
         try:
-            yield
-        finally:
-            await services.aclose()
+            framework = await asyncio.shield(self._framework)
+        except Exception:
+            log.exception("the app for %s could not be built", scope.get("path"))
+            error = GatewayError("the gateway hit an internal error; it has been logged")
+            await send_whole(send, 500, orjson.dumps(error.body()), error.response_headers())
+            return
+        await framework(scope, receive, send)
 
-    app = FastAPI(title="gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    install_error_handlers(app)
-    app.include_router(build_health_router())
-    app.include_router(build_router())
-    app.include_router(build_tasks_router())
-    app.include_router(build_admin_router())
-    app.include_router(build_tools_router())
-    return HotPaths(app)
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        """ASGI's lifespan protocol. A start-up that fails sends its traceback, which
+        uvicorn logs before it exits with status 3."""
+        started = False
+        try:
+            await receive()  # lifespan.startup
+            services = Services.build(self.settings, self.catalog)
+            services.start_background()
+            try:
+                self._hot = HotPaths(services)
+                self._framework = asyncio.get_running_loop().run_in_executor(None, _framework_for, services)
+                await send({"type": "lifespan.startup.complete"})
+                started = True
+                await receive()  # lifespan.shutdown
+            finally:
+                await services.aclose()
+        except BaseException:
+            phase = "shutdown" if started else "startup"
+            await send({"type": f"lifespan.{phase}.failed", "message": traceback.format_exc()})
+            raise
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+def _framework_for(services: Services) -> ASGIApp:
+    # Imported here, in the thread that builds it, to keep the framework off start-up.
+    from gateway.api.framework import build_framework
+
+    app: ASGIApp = build_framework(services)
+    return app
+
+
+def create_app(settings: Settings | None = None, catalog: PriceCatalog | None = None) -> GatewayApp:
+    """`catalog`: prices already read from the settings' pricing folder, if any."""
+    stop_with_supervisor(os.environ)  # a worker of `serve --workers N`: not outliving the supervisor
+    return GatewayApp(settings or Settings(), catalog)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from gateway.accounting.prices import PriceCatalog
-    from gateway.api.hot_paths import HotPaths
+    from gateway.app import GatewayApp
 
 
 def policy_path(args: argparse.Namespace) -> str | None:
@@ -59,7 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def uvicorn_config(app: str | HotPaths, args: argparse.Namespace) -> uvicorn.Config:
+def uvicorn_config(app: str | GatewayApp, args: argparse.Namespace) -> uvicorn.Config:
     """`app`: an import string of the app factory (built in each worker process), or the app."""
     import uvicorn
 

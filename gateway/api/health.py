@@ -1,4 +1,4 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""Readiness and Prometheus metrics (liveness, /healthz, is answered in gateway.app)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,6 @@ from gateway.services import Services
 
 def build_health_router() -> APIRouter:
     router = APIRouter()
-
-    @router.get("/healthz")
-    async def healthz() -> Response:
-        return Response(b'{"status":"ok"}', media_type="application/json")
 
     @router.get("/readyz")
     async def readyz(request: Request) -> Response:

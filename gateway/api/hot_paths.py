@@ -1,8 +1,8 @@
 """The OpenAI endpoints every model call goes through, served as plain ASGI in front
 of the framework: the app's routing, dependency and middleware layers cost ~13 % of
 the request path's CPU in a profile, and these handlers only move bytes - read the
-body (with a size limit), hand it to the pipeline, send its reply. Everything else
-(models list, admin, tasks, tools, health) goes to the framework app."""
+body (with a size limit), hand it to the pipeline, send its reply. gateway.app sends
+every other route to the framework app."""
 
 from __future__ import annotations
 
@@ -34,16 +34,17 @@ class Disconnected(Exception):
     pass
 
 
-class HotPaths:
-    def __init__(self, app: Any) -> None:
-        self.app = app  # the framework app: lifespan, state and every other route
+def hot_endpoint(scope: Scope) -> str | None:
+    """The pipeline endpoint a request goes to, if it is one of the hot paths."""
+    return HOT.get(scope["path"]) if scope["method"] == "POST" else None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = HOT.get(scope.get("path", "")) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if endpoint is None:
-            await self.app(scope, receive, send)
-            return
-        services: Services = self.app.state.services
+
+class HotPaths:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def __call__(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+        services = self.services
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             raw = await read_body(headers, receive, services.policies.current.policy.defaults.max_body_bytes)

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.cli import STARTUP_FAILURE
 from gateway.cli import main as cli_main
 from tests.e2e.test_openai_sdk import wait_until
 from tests.support.processes import free_port
@@ -73,3 +74,12 @@ def test_serve_refuses_several_workers_without_shared_limits(tmp_path: Path) -> 
                            "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--workers 2 needs REDIS_URL" in done.stderr
+
+
+def test_serve_whose_ledger_cannot_open_says_why_and_exits(tmp_path: Path) -> None:
+    nothing_listens = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
+    env = os.environ | {"GATEWAY_VAR_DIR": str(tmp_path), "DATABASE_URL": nothing_listens}
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--policy", str(MINIMAL_POLICY), "--port", str(free_port())],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == STARTUP_FAILURE
+    assert "Connection refused" in done.stderr and "Application startup failed" in done.stderr
