@@ -11,9 +11,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Index, create_engine, event, inspect, text
 from sqlalchemy.schema import CreateIndex
-from sqlmodel import SQLModel
 
-from gateway.accounting.tables import Budget, Reservation, SchemaVersion, Task, UsageEvent
+from gateway.accounting.tables import budgets, metadata, reservations, schema_version, tasks, usage_events
 
 WRITER_LOCK_WAIT_S = 5.0
 READER_LOCK_WAIT_S = 30.0
@@ -68,8 +67,7 @@ def begin_statement(dialect_name: str, *, writer: bool) -> str:
 
 
 def _v1_initial(conn: Connection) -> None:
-    tables = [t.__table__ for t in (Budget, Reservation, UsageEvent, Task)]  # type: ignore[attr-defined,union-attr]
-    SQLModel.metadata.create_all(conn, tables=tables)
+    metadata.create_all(conn, tables=[budgets, reservations, usage_events, tasks])
 
 
 def _v2_route_verdicts(conn: Connection) -> None:
@@ -95,7 +93,7 @@ def _v3_lean_indexes(conn: Connection) -> None:
 
 
 def _declared_indexes() -> list[Index]:
-    return [*Reservation.__table__.indexes, *UsageEvent.__table__.indexes]  # type: ignore[attr-defined]
+    return [*reservations.indexes, *usage_events.indexes]
 
 
 # Append only; never edit a shipped migration. Each must be safe on a database that
@@ -113,13 +111,13 @@ def migrate(engine: Engine) -> int:
         if engine.dialect.name == "postgresql":
             # One migrator at a time when several replicas start together.
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7245001)")
-        SQLModel.metadata.create_all(conn, tables=[SchemaVersion.__table__])  # type: ignore[attr-defined]
+        metadata.create_all(conn, tables=[schema_version])
         done = {row[0] for row in conn.execute(text("SELECT version FROM schema_version"))}
         for version, step in MIGRATIONS:
             if version in done:
                 continue
             step(conn)
-            conn.execute(SchemaVersion.__table__.insert().values(version=version, applied_at=datetime.now(UTC)))  # type: ignore[attr-defined]
+            conn.execute(schema_version.insert().values(version=version, applied_at=datetime.now(UTC)))
         return max([v for v, _ in MIGRATIONS])
 
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import ColumnDefault
 from sqlalchemy.dialects import postgresql
 
 from gateway.accounting.native import Native, Row, Staged, insert_sql
-from gateway.accounting.tables import Reservation, UsageEvent
+from gateway.accounting.tables import reservations, usage_events
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, Refusal
 from gateway.errors import BudgetExceeded, NotReady
 
@@ -51,7 +52,7 @@ MOVE_TO_SPENT = (
 )
 
 
-RESERVATION_COLUMNS = list(Reservation.__table__.columns)  # type: ignore[attr-defined]
+RESERVATION_COLUMNS = list(reservations.columns)
 INSERT_RESERVATION = insert_sql("reservations", [c.name for c in RESERVATION_COLUMNS])
 # PostgreSQL, one round trip each. The reservation row is written only if the budget
 # takes the hold, so a refusal writes nothing: the writer may then commit in the same
@@ -68,11 +69,11 @@ END_AND_SPEND = (f"WITH ended AS ({END_RESERVATION} RETURNING 1), spent AS ("
                  f"{MOVE_TO_SPENT.replace('WHERE id = :id', 'WHERE id = ANY(:budget_ids)')}"
                  " AND EXISTS (SELECT 1 FROM ended) RETURNING 1) SELECT count(*) FROM ended")
 BOOKED = "SELECT 1 FROM usage_events WHERE request_id = :r AND attempt = :a AND kind = :k"
-EVENT_COLUMNS = [c for c in UsageEvent.__table__.columns if c.name != "id"]  # type: ignore[attr-defined]
+EVENT_COLUMNS = [c for c in usage_events.columns if c.name != "id"]
 INSERT_EVENT = insert_sql("usage_events", [c.name for c in EVENT_COLUMNS])
 # Columns an event may leave out (a cache hit has no replica, a tool call no route, ...):
-# the table's own defaults, as an ORM insert would fill them.
-EVENT_DEFAULTS: dict[str, Any] = {c.name: c.default.arg if c.default is not None and c.default.is_scalar else None
+# the table's own defaults, as a Core insert would fill them.
+EVENT_DEFAULTS: dict[str, Any] = {c.name: c.default.arg if isinstance(c.default, ColumnDefault) and c.default.is_scalar else None
                                   for c in EVENT_COLUMNS}
 ORPHAN_COLUMNS = ("id", "budget_ids", "amount_pico", "tokens", "request_id", "tenant", "key_id", "task_id", "model",
                   "upstream_model", "upstream", "endpoint", "prompt_tokens_est", "created_at")

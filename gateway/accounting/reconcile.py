@@ -25,9 +25,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Engine, Integer, Table, case, distinct, func, literal_column, select
+from sqlalchemy import Engine, Integer, case, distinct, func, literal_column, select
 from sqlalchemy.sql.expression import ColumnElement, FromClause
 
 from gateway.accounting.money import usd
@@ -49,7 +49,7 @@ from gateway.accounting.reconcile_explain import (
     explain,
 )
 from gateway.accounting.reconcile_render import render
-from gateway.accounting.tables import Reservation, UsageEvent
+from gateway.accounting.tables import reservations, usage_events
 from gateway.routing.policy import Policy
 
 # The reasons and amounts are defined in reconcile_explain.py; callers take them from here.
@@ -66,8 +66,8 @@ CUT_SHORT = frozenset({"cancelled", "timeout", "cut"})
 DEFAULT_COST_TOLERANCE_PICO = 1_000
 _SNAPSHOT = re.compile(r"^(.+)-(\d{4}-\d{2}-\d{2}|\d{4})$")  # gpt-4o-mini-2024-07-18, gpt-4-0613
 
-EVENTS = cast(Table, UsageEvent.__table__)  # type: ignore[attr-defined]
-HOLDS = cast(Table, Reservation.__table__)  # type: ignore[attr-defined]
+EVENTS = usage_events
+HOLDS = reservations
 Group = tuple[date, str, str | None]
 
 ProgressCallback = Callable[[int, str], None]

@@ -37,7 +37,7 @@ from gateway.accounting.reconcile import (
     ReconciliationRow,
     reconcile,
 )
-from gateway.accounting.tables import Reservation, UsageEvent
+from gateway.accounting.tables import reservations, usage_events
 from gateway.routing.loader import parse_policy
 from gateway.sim.vllm_metrics import VllmMetrics
 from gateway.upstreams.provider_reports import ProviderReportClient, ProviderReportError
@@ -76,14 +76,14 @@ class Ledger:
                    completion_tokens=output, cost_pico=mini_cost(prompt, cached, output) if cost is None else cost,
                    created_at=at, day=at.date().isoformat())
         with self.engine.begin() as conn:
-            conn.execute(UsageEvent.__table__.insert(), [row])  # type: ignore[attr-defined]
+            conn.execute(usage_events.insert(), [row])
 
     def hold(self, hold_id: str, request_id: str, state: str) -> None:
         row = dict(id=hold_id, request_id=request_id, tenant="acme", key_id="k1", model="gpt-4o-mini", upstream="hosted",
                    endpoint="chat.completions", budget_ids="tenant:acme", amount_pico=WORST_CASE, tokens=1000,
                    state=state, created_at=AT, expires_at=AT + timedelta(minutes=15))
         with self.engine.begin() as conn:
-            conn.execute(Reservation.__table__.insert(), [row])  # type: ignore[attr-defined]
+            conn.execute(reservations.insert(), [row])
 
     def expired(self, hold_id: str, request_id: str) -> None:
         """What the sweeper leaves when a hold expires unconfirmed: the worst case charged."""
