@@ -1,0 +1,122 @@
+"""Start-up to first answer, measured over many starts, and compared between source trees.
+
+Starts the hosted simulator once (CPU 1), then a gateway on CPU 0 again and again, each
+with a fresh SQLite ledger (a new GATEWAY_VAR_DIR, so every start creates its schema)
+and overhead.py's policy. Each start records spawn -> /healthz 200 and spawn -> the first
+200 from /v1/chat/completions, then stops the gateway. Given several trees (checkouts of
+the project, e.g. `git worktree add /tmp/before <commit>`), the starts alternate between
+them (A B, B A, ...), so that the machine's drift falls on each alike. A tree is run
+with this venv's packages: it must need no package this venv lacks.
+
+    .venv/bin/python bench/startup.py                               # this checkout, 10 starts
+    .venv/bin/python bench/startup.py --tree /tmp/before --tree .   # 10 starts each, alternating
+
+Prints the median, minimum and maximum per tree and writes bench/out/startup-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import procs
+from bench.gwstack import workspace
+from bench.overhead import CHAT_PATH, GATEWAY_CPU, LOAD_CPU, POLICY, READY_TIMEOUT_S, SIM_KEY
+from bench.report import ROOT, args_config, markdown_table, run_header, write_json
+from bench.workload import chat_body
+from gateway.auth.keys import key_digest, new_api_key
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", action="append", type=Path, help="a checkout to start the gateway from (repeatable;"
+                        " default: this one)")
+    parser.add_argument("--runs", type=int, default=10, help="starts per tree (default 10)")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    args = parser.parse_args(argv)
+    args.tree = [tree.resolve() for tree in args.tree or [ROOT]]
+    missing = [str(tree) for tree in args.tree if not (tree / "gateway" / "__main__.py").is_file()]
+    if missing:
+        parser.error(f"--tree: no gateway package in {', '.join(missing)}")
+    if not 1 <= args.runs <= 200:
+        parser.error("--runs: from 1 to 200")
+    return args
+
+
+class Starts:
+    """The simulator, kept up, and one gateway start after another in front of it."""
+
+    def __init__(self, workdir: Path, exits: ExitStack, pinned: bool) -> None:
+        self.workdir, self.exits, self.pinned = workdir, exits, pinned
+        self.api_key = new_api_key()
+        self.sim_port = procs.free_port()
+        self.policy = workdir / "policy.yaml"
+        self.policy.write_text(POLICY.format(sim_port=self.sim_port, digest=key_digest(self.api_key)))
+        argv = [sys.executable, "-m", "gateway", "sim", "hosted", "--host", "127.0.0.1", "--port", str(self.sim_port)]
+        sim = procs.Spawned("simulator", argv, dict(os.environ), workdir, LOAD_CPU if pinned else None)
+        exits.callback(sim.stop)
+        procs.wait_until(sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
+        # Its first answer loads its tokenizer: take it now, outside every gateway's figure.
+        procs.wait_until(sim, self.sim_port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=chat_body(False),
+                         headers={"Authorization": f"Bearer {SIM_KEY}", "Content-Type": "application/json"})
+        self.count = 0
+
+    def once(self, tree: Path) -> dict[str, float]:
+        self.count += 1
+        port = procs.free_port()
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_POLICY")}
+        # -P: the tree on PYTHONPATH comes before the working directory and the venv's own install.
+        env |= {"GATEWAY_VAR_DIR": str(self.workdir / f"var-{self.count}"), "BENCH_SIM_API_KEY": SIM_KEY,
+                "PYTHONPATH": str(tree)}
+        argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policy", str(self.policy), "--host", "127.0.0.1",
+                "--port", str(port)]
+        gateway = procs.Spawned(f"gateway-{self.count}", argv, env, self.workdir, GATEWAY_CPU if self.pinned else None)
+        try:
+            healthz_s = procs.wait_until(gateway, port, "GET", "/healthz", READY_TIMEOUT_S)
+            first_s = procs.wait_until(gateway, port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=chat_body(False),
+                                       headers={"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"})
+        finally:
+            gateway.stop()
+        return {"healthz_s": round(healthz_s, 4), "first_chat_200_s": round(first_s, 4)}
+
+
+def summary(tree: Path, starts: list[dict[str, float]]) -> dict[str, Any]:
+    first = [s["first_chat_200_s"] for s in starts]
+    return {"tree": str(tree), "runs": len(first), "median_s": round(statistics.median(first), 3),
+            "min_s": round(min(first), 3), "max_s": round(max(first), 3),
+            "healthz_median_s": round(statistics.median(s["healthz_s"] for s in starts), 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pinned = not args.no_pin and procs.can_pin()
+    report: dict[str, Any] = run_header("startup", args_config(args) | {"tree": [str(t) for t in args.tree], "pinned": pinned})
+    results: dict[Path, list[dict[str, float]]] = {tree: [] for tree in args.tree}
+    with workspace("gateway-startup-") as workdir, ExitStack() as exits:
+        starts = Starts(workdir, exits, pinned)
+        if pinned:
+            os.sched_setaffinity(0, {LOAD_CPU})
+        for tree in args.tree:  # the first start of a checkout compiles its bytecode: not counted
+            starts.once(tree)
+        for run in range(args.runs):
+            for tree in args.tree if run % 2 == 0 else args.tree[::-1]:
+                results[tree].append(starts.once(tree))
+    report["trees"] = [summary(tree, runs) | {"starts": runs} for tree, runs in results.items()]
+    columns = [("tree", "tree"), ("runs", "runs"), ("first chat 200, median s", "median_s"), ("min s", "min_s"),
+               ("max s", "max_s"), ("/healthz 200, median s", "healthz_median_s")]
+    print(markdown_table(columns, report["trees"]))
+    print(f"\nJSON: {write_json('startup', report, args.out_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    procs.run_script(main)
