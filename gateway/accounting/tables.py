@@ -68,6 +68,10 @@ def long_text(name: str, *, nullable: bool = False, **kw: Any) -> Column[Any]:
     return _column(name, Text, nullable, **kw)
 
 
+def flag(name: str, *, default: bool) -> Column[Any]:
+    return _column(name, Boolean, False, default=default)
+
+
 metadata = MetaData()
 
 # One spend counter: a tenant's period (`tenant:acme:month:2026-11`) or a task.
@@ -136,7 +140,7 @@ usage_events = Table(
     short("status", 16),  # ok | error | timeout | cancelled | cut | unconfirmed
     count("http_status", nullable=True),
     long_text("error", nullable=True),
-    _column("usage_known", Boolean, False, default=False),
+    flag("usage_known", default=False),
     count("prompt_tokens_est", default=0),
     count("prompt_tokens", default=0),
     count("cached_tokens", default=0),
