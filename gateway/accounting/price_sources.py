@@ -12,6 +12,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -274,41 +275,69 @@ _PRICE_FIELDS = frozenset({"litellm_provider", "input_cost_per_token", "output_c
 
 
 class LitellmMap:
-    """litellm's price map, read once; an entry becomes a `MapPrice` when first looked up.
+    """litellm's price map; an entry becomes a `MapPrice` when first looked up.
 
-    A gateway prices the handful of models in its policy, so converting every one of the
-    map's thousands of entries at start-up (exact fractions, ~0.1 s) is wasted work.
-    Conversions are cached per instance, bounded, so a name looked up twice gives the
-    same object.
+    Given a file, the map reads it on the first lookup, not before: a policy that prices
+    each of its models itself (every example in policies/ does) never needs it, and
+    reading it is ~0.1 s of a gateway's start-up and a few MB for good. Converting every
+    one of its thousands of entries would be wasted work too (exact fractions, ~0.1 s):
+    a gateway prices the handful of models in its policy. Conversions are cached per
+    instance, bounded, so a name looked up twice gives the same object.
     """
 
-    def __init__(self, entries: dict[str, Any], cache_size: int = 1024) -> None:
+    def __init__(self, source: dict[str, Any] | Path, cache_size: int = 1024) -> None:
+        self._entries = _Entries(source)
         # lru_cache is thread-safe (reports price from worker threads too); over a
         # partial, not a bound method, so no reference cycle keeps a dropped map alive.
-        self._converted = functools.lru_cache(maxsize=cache_size)(functools.partial(_entry_price, entries))
+        self._converted = functools.lru_cache(maxsize=cache_size)(functools.partial(_entry_price, self._entries))
 
     def get(self, key: str) -> MapPrice | None:
         """The token-priced entry named `key`, or None. Entries without an input token
-        price (per-image, per-second, ...) have none: the policy or an override must give one."""
+        price (per-image, per-second, ...) have none: the policy or an override must give one.
+        Raises `PricingInvalid` if the map's file, read on this first lookup, is unreadable."""
         return self._converted(key)
 
+    def read_now(self) -> None:
+        """Read the file now if not yet read; raises `PricingInvalid` if unreadable."""
+        self._entries.ensure()
 
-def _entry_price(entries: dict[str, Any], key: str) -> MapPrice | None:
+
+class _Entries:
+    """A map's entries: given, or read from its file once, on first use (under a lock:
+    lookups come from worker threads too)."""
+
+    def __init__(self, source: dict[str, Any] | Path) -> None:
+        self.loaded: dict[str, Any] | None = source if isinstance(source, dict) else None
+        self._path = source if isinstance(source, Path) else None
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Any:
+        return (self.loaded if self.loaded is not None else self.ensure()).get(key)
+
+    def ensure(self) -> dict[str, Any]:
+        with self._lock:
+            if self.loaded is None:
+                assert self._path is not None
+                self.loaded = _read_litellm_file(self._path)
+            return self.loaded
+
+
+def _entry_price(entries: _Entries, key: str) -> MapPrice | None:
     entry = entries.get(key)
     if key == LITELLM_SAMPLE_ENTRY or not isinstance(entry, dict):
         return None
     return _map_price(key, entry)
 
 
-def read_litellm_map(path: Path) -> LitellmMap:
-    """A litellm price map; raises `PricingInvalid` if unreadable."""
+def _read_litellm_file(path: Path) -> dict[str, Any]:
+    """A litellm price map's entries; raises `PricingInvalid` if unreadable."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"), parse_float=Decimal, object_pairs_hook=_price_members)
     except (OSError, ValueError) as exc:
         raise PricingInvalid([f"{path}: cannot read litellm's price map: {exc}"]) from exc
     if not isinstance(raw, dict):
         raise PricingInvalid([f"{path}: litellm's price map is not a JSON object"])
-    return LitellmMap(raw)
+    return raw
 
 
 def _price_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

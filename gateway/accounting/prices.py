@@ -27,7 +27,6 @@ from gateway.accounting.price_sources import (
     MapPrice,
     PricingInvalid,
     installed_litellm_price_map,
-    read_litellm_map,
     read_pricing_dir,
 )
 from gateway.routing.loader import PolicyInvalid, load_policy_file
@@ -140,8 +139,9 @@ class PriceCatalog:
 
     @classmethod
     def load(cls, pricing_dir: Path, litellm_json: Path | None = None) -> PriceCatalog:
-        """Read `pricing_dir/*.yaml` and litellm's map (the installed one unless a file
-        is given). Raises `PricingInvalid` naming file, line and entry."""
+        """Read `pricing_dir/*.yaml`; litellm's map (the installed one unless a file is
+        given) is read when a price is first looked up in it. Raises `PricingInvalid`
+        naming file, line and entry."""
         installed = installed_litellm_price_map()
         if litellm_json is None and installed is not None:
             litellm_json = installed[0]
@@ -151,7 +151,13 @@ class PriceCatalog:
             label = f"litellm {installed[1]} price map"
         else:
             label = f"litellm price map {litellm_json}"  # a file given explicitly, e.g. in tests
-        return cls(read_pricing_dir(pricing_dir), read_litellm_map(litellm_json), label)
+        return cls(read_pricing_dir(pricing_dir), LitellmMap(litellm_json), label)
+
+    def read_map(self) -> None:
+        """Read litellm's map now, if not yet read. For work that may look up any model
+        (reconciliation, `pricing show`): an unreadable map then fails it up front,
+        with `PricingInvalid`, not half-way through."""
+        self._litellm.read_now()
 
     def with_pricing_dir(self, pricing_dir: Path) -> PriceCatalog:
         """A catalog with re-read pricing files and this one's litellm map (no re-parse)."""
@@ -271,6 +277,7 @@ def show_price(model: str, policy_path: str | None, pricing_dir: Path, at: datet
     at = at or datetime.now(UTC)
     try:
         catalog = PriceCatalog.load(pricing_dir)
+        catalog.read_map()
     except PricingInvalid as exc:
         return 1, "\n".join(exc.problems)
     upstream_model, policy_price, notes = None, None, []

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from gateway.accounting.reports import cost_rows, parse_group_by, rows_to_csv
 from gateway.accounting.route_report import route_report
-from gateway.errors import AuthenticationFailed, InvalidRequest, PermissionDenied, UpstreamError
+from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, PermissionDenied, UpstreamError
 from gateway.services import Services
 
 
@@ -70,6 +70,7 @@ def build_admin_router() -> APIRouter:
             raise InvalidRequest("`provider` (an upstream name, csv:PATH, ...) and `since` (a date) are required")
         # Imported here: the importers cost ~0.1 s of start-up and only reconciliation needs them.
         from gateway.accounting.importers import reconcile_upstream
+        from gateway.accounting.prices import PricingInvalid
         from gateway.accounting.reconcile import ImportFailed
 
         try:
@@ -79,6 +80,8 @@ def build_admin_router() -> APIRouter:
             raise InvalidRequest(str(exc)) from None
         except ImportFailed as exc:
             raise UpstreamError(f"the provider's usage report could not be read: {exc}") from None
+        except PricingInvalid as exc:
+            raise GatewayError(f"prices could not be read: {'; '.join(exc.problems)}") from None
         return Response(orjson.dumps(report), media_type="application/json")
 
     @router.get("/routes")

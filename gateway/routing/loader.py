@@ -80,10 +80,14 @@ def parse_policy(text: str, source: str = "<policy>", catalog: PriceCatalog | No
         raise PolicyInvalid([_problem(source, lines, tuple(e["loc"]), _message(e)) for e in exc.errors()]) from exc
     found = list(cross_reference_problems(policy))
     if catalog is not None:
-        from gateway.accounting.prices import missing_prices  # prices reads policies too
+        from gateway.accounting.prices import PricingInvalid, missing_prices  # prices reads policies too
 
+        try:
+            unpriced = missing_prices(policy, catalog, datetime.now(UTC))
+        except PricingInvalid as exc:  # litellm's map, read now that a model needs it, is unreadable
+            raise PolicyInvalid([PolicyProblem(source, None, "models", problem) for problem in exc.problems]) from exc
         found += [(("models", name), f"model `{name}` has no price: add `price:` here, or an entry in pricing/*.yaml "
-                   "(litellm's price map does not know it either)") for name in missing_prices(policy, catalog, datetime.now(UTC))]
+                   "(litellm's price map does not know it either)") for name in unpriced]
     problems = [_problem(source, lines, loc, msg) for loc, msg in found]
     if problems:
         raise PolicyInvalid(problems)

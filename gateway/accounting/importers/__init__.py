@@ -176,11 +176,14 @@ def run_reconcile(policy_path: str, database_url: str, provider: str, since: dat
 async def reconcile_upstream(engine: Engine, policy: Policy, provider: str, since: date, until: date | None = None,
                              *, catalog: PriceCatalog | None = None, clients: ClientFactory | None = None) -> dict[str, Any]:
     """The admin API's entry point: the report as JSON. Raises ValueError for a bad
-    request (unknown provider, empty window) and ImportFailed when the provider's
-    report cannot be read. Runs in a worker thread: the fetches and the ledger query block."""
+    request (unknown provider, empty window), ImportFailed when the provider's report
+    cannot be read and PricingInvalid when litellm's price map cannot. Runs in a worker
+    thread: the fetches, the map and the ledger query block."""
 
     def run() -> dict[str, Any]:
         spec = parse_provider(provider, policy)
+        if catalog is not None:
+            catalog.read_map()
         end = until or _tomorrow()
         imported = import_provider_rows(spec, policy, since, end, clients or _http_clients)
         report = reconcile(engine, policy, spec.upstream, imported.rows, imported.since, imported.until,
@@ -208,7 +211,9 @@ def _ledger_engine(database_url: str) -> Engine:
 
 def _catalog(pricing_dir: Path | None) -> tuple[PriceCatalog | None, list[str]]:
     try:
-        return PriceCatalog.load(pricing_dir or Settings().gateway_pricing_dir), []
+        catalog = PriceCatalog.load(pricing_dir or Settings().gateway_pricing_dir)
+        catalog.read_map()
+        return catalog, []
     except PricingInvalid as exc:
         return None, [f"pricing files unreadable ({'; '.join(exc.problems)}): token differences priced with policy prices only"]
 

@@ -9,8 +9,19 @@ from pathlib import Path
 import pytest
 
 from gateway.accounting.prices import PriceCatalog, PricingInvalid
+from gateway.routing.loader import PolicyInvalid, parse_policy
+from gateway.routing.policy import Price
 
 NOW = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+POLICY = """\
+version: 1
+upstreams:
+  hosted: {kind: openai, base_url: "http://provider.test/v1"}
+models:
+  mini:
+    upstream: hosted
+    price: {input: 0.15, output: 0.60}
+"""
 
 
 def load(tmp_path: Path, text: str) -> PriceCatalog:
@@ -44,6 +55,25 @@ def test_litellm_map_reads_entries_as_a_plain_json_decode_would(tmp_path: Path) 
     ("[1, 2]", "litellm's price map is not a JSON object"),
     ("{not json", "cannot read litellm's price map: Expecting property name"),
 ])
-def test_an_unreadable_litellm_map_is_refused_at_load(tmp_path: Path, text: str, expected: str) -> None:
+def test_an_unreadable_litellm_map_is_refused_when_first_needed(tmp_path: Path, text: str, expected: str) -> None:
+    catalog = load(tmp_path, text)
+    assert catalog.quote("m", None, Price(input=Decimal("0.1"), output=Decimal("0.2")), NOW) is not None  # not needed
     with pytest.raises(PricingInvalid, match=expected):
-        load(tmp_path, text)
+        input_price(catalog, "m")
+    with pytest.raises(PricingInvalid, match=expected):
+        catalog.read_map()
+
+
+def test_a_policy_that_prices_its_models_never_reads_litellms_map(tmp_path: Path) -> None:
+    catalog = load(tmp_path, "{not json")  # were it read, it would be refused
+    policy = parse_policy(POLICY, catalog=catalog)
+    assert catalog.quote("mini", None, policy.models["mini"].price, NOW) is not None
+
+
+def test_a_policy_that_needs_an_unreadable_map_is_invalid_and_says_why(tmp_path: Path) -> None:
+    catalog = load(tmp_path, "{not json")
+    with pytest.raises(PolicyInvalid) as info:
+        parse_policy(POLICY.replace("    price: {input: 0.15, output: 0.60}\n", ""), "policy.yaml", catalog)
+    assert [str(p) for p in info.value.problems] == [
+        f"policy.yaml: models: {tmp_path / 'litellm.json'}: cannot read litellm's price map: "
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"]
