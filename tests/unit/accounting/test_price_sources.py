@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
 
+from gateway.accounting.importers import reconcile_upstream
 from gateway.accounting.prices import PriceCatalog, PricingInvalid
 from gateway.routing.loader import PolicyInvalid, parse_policy
 from gateway.routing.policy import Price
@@ -77,3 +80,13 @@ def test_a_policy_that_needs_an_unreadable_map_is_invalid_and_says_why(tmp_path:
     assert [str(p) for p in info.value.problems] == [
         f"policy.yaml: models: {tmp_path / 'litellm.json'}: cannot read litellm's price map: "
         "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"]
+
+
+def test_reconciliation_reads_the_map_before_any_work(tmp_path: Path) -> None:
+    # Provider rows may name any model: an unreadable map fails the job up front, not
+    # half-way through (here before the provider's CSV, which does not exist, is read).
+    catalog = load(tmp_path, "{not json")
+    policy = parse_policy(POLICY, catalog=catalog)
+    with pytest.raises(PricingInvalid, match="cannot read litellm's price map"):
+        asyncio.run(reconcile_upstream(create_engine("sqlite://"), policy, f"csv:{tmp_path / 'usage.csv'}", NOW.date(),
+                                       catalog=catalog))
