@@ -46,7 +46,7 @@ class GatewayApp:
             if endpoint is not None and self._hot is not None:
                 await self._hot(endpoint, scope, receive, send)
                 return
-            if scope["path"] == "/healthz" and scope["method"] == "GET":
+            if scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):  # HEAD: uvicorn sends no body
                 await send_whole(send, 200, LIVE, {})
                 return
         if self._framework is None:

@@ -221,5 +221,7 @@ def test_metrics_count_requests_and_tokens(stack: Stack) -> None:
 def test_health_and_readiness(stack: Stack) -> None:
     root = stack.gateway.removesuffix("/v1")
     assert httpx.get(root + "/healthz").json() == {"status": "ok"}
+    probe = httpx.head(root + "/healthz")  # load balancers' probes often use HEAD
+    assert probe.status_code == 200 and probe.content == b""
     ready = httpx.get(root + "/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["ledger"]["ok"] is True
