@@ -1,5 +1,5 @@
-"""Shared by bench/cache.py and bench/trace_replay.py: start the hosted simulator and a
-gateway in front of it with a given policy, talk to them over HTTP/1.1 with the
+"""Shared by bench/cache.py, bench/trace_replay.py and bench/startup.py: start the
+hosted simulator and a gateway in front of it with a given policy, talk to them over HTTP/1.1 with the
 response headers kept, and always stop them.
 
 Everything here talks to 127.0.0.1 only.
@@ -84,9 +84,13 @@ class Stack:
     def digest(self) -> str:
         return key_digest(self.api_key)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int) -> procs.Spawned:
-        proc = procs.Spawned(f"{name}{self.tag}", [sys.executable, "-m", "gateway", *argv], env, self.workdir,
-                             cpu if self.pinned else None)
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int, tree: Path | None = None) -> procs.Spawned:
+        """`tree`: a checkout to run the gateway from (-P: its PYTHONPATH comes before the
+        working directory and this venv's own install), instead of this one."""
+        python = [sys.executable, "-m", "gateway"] if tree is None else [sys.executable, "-P", "-m", "gateway"]
+        if tree is not None:
+            env = env | {"PYTHONPATH": str(tree)}
+        proc = procs.Spawned(f"{name}{self.tag}", [*python, *argv], env, self.workdir, cpu if self.pinned else None)
         self.exits.callback(proc.stop)
         return proc
 
@@ -97,8 +101,9 @@ class Stack:
         procs.wait_until(self.sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
         return self.sim_port
 
-    def start_gateway(self, policy: dict[str, Any]) -> float:
-        """Writes the policy next to the logs; returns seconds from spawn to /healthz 200."""
+    def start_gateway(self, policy: dict[str, Any], tree: Path | None = None) -> float:
+        """Writes the policy next to the logs; returns seconds from spawn to /healthz 200.
+        `tree`: run the gateway from that checkout (see `_spawn`)."""
         self.gateway_port = procs.free_port()
         path = self.workdir / f"policy{self.tag}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
@@ -106,7 +111,7 @@ class Stack:
         env |= {"GATEWAY_VAR_DIR": str(self.workdir / f"var{self.tag}"), "BENCH_SIM_API_KEY": SIM_KEY,
                 "GATEWAY_ADMIN_KEY": self.admin_key}
         argv = ["serve", "--policy", str(path), "--host", "127.0.0.1", "--port", str(self.gateway_port)]
-        self.gateway = self._spawn("gateway", argv, env, GATEWAY_CPU)
+        self.gateway = self._spawn("gateway", argv, env, GATEWAY_CPU, tree)
         return procs.wait_until(self.gateway, self.gateway_port, "GET", "/healthz", READY_TIMEOUT_S)
 
     def client_headers(self) -> dict[str, str]:

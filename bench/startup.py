@@ -2,8 +2,8 @@
 
 Starts the hosted simulator once (CPU 1), then a gateway on CPU 0 again and again, each
 with a fresh SQLite ledger (a new GATEWAY_VAR_DIR, so every start creates its schema)
-and overhead.py's policy. Each start records spawn -> /healthz 200 and spawn -> the first
-200 from /v1/chat/completions, then stops the gateway. Given several trees (checkouts of
+and the benchmarks' policy (`bench/gwstack.py`). Each start records spawn -> /healthz
+200 and spawn -> the first 200 from /v1/chat/completions, then stops the gateway. Given several trees (checkouts of
 the project, e.g. `git worktree add /tmp/before <commit>`), the starts alternate between
 them (A B, B A, ...), so that the machine's drift falls on each alike. A tree is run
 with this venv's packages: it must need no package this venv lacks.
@@ -28,11 +28,9 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import procs
-from bench.gwstack import workspace
-from bench.overhead import CHAT_PATH, GATEWAY_CPU, LOAD_CPU, POLICY, READY_TIMEOUT_S, SIM_KEY
+from bench.gwstack import CHAT_PATH, LOAD_CPU, READY_TIMEOUT_S, SIM_KEY, Stack, base_policy, workspace
 from bench.report import ROOT, args_config, markdown_table, run_header, write_json
 from bench.workload import chat_body
-from gateway.auth.keys import key_digest, new_api_key
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,35 +55,25 @@ class Starts:
 
     def __init__(self, workdir: Path, exits: ExitStack, pinned: bool) -> None:
         self.workdir, self.exits, self.pinned = workdir, exits, pinned
-        self.api_key = new_api_key()
-        self.sim_port = procs.free_port()
-        self.policy = workdir / "policy.yaml"
-        self.policy.write_text(POLICY.format(sim_port=self.sim_port, digest=key_digest(self.api_key)))
-        argv = [sys.executable, "-m", "gateway", "sim", "hosted", "--host", "127.0.0.1", "--port", str(self.sim_port)]
-        sim = procs.Spawned("simulator", argv, dict(os.environ), workdir, LOAD_CPU if pinned else None)
-        exits.callback(sim.stop)
-        procs.wait_until(sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
+        simulator = Stack(workdir, exits, pinned)
+        self.sim_port = simulator.start_simulator([])
+        assert simulator.sim is not None
         # Its first answer loads its tokenizer: take it now, outside every gateway's figure.
-        procs.wait_until(sim, self.sim_port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=chat_body(False),
+        procs.wait_until(simulator.sim, self.sim_port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=chat_body(False),
                          headers={"Authorization": f"Bearer {SIM_KEY}", "Content-Type": "application/json"})
         self.count = 0
 
     def once(self, tree: Path) -> dict[str, float]:
+        """A start with a ledger of its own (a new GATEWAY_VAR_DIR), then a stop."""
         self.count += 1
-        port = procs.free_port()
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_POLICY")}
-        # -P: the tree on PYTHONPATH comes before the working directory and the venv's own install.
-        env |= {"GATEWAY_VAR_DIR": str(self.workdir / f"var-{self.count}"), "BENCH_SIM_API_KEY": SIM_KEY,
-                "PYTHONPATH": str(tree)}
-        argv = [sys.executable, "-P", "-m", "gateway", "serve", "--policy", str(self.policy), "--host", "127.0.0.1",
-                "--port", str(port)]
-        gateway = procs.Spawned(f"gateway-{self.count}", argv, env, self.workdir, GATEWAY_CPU if self.pinned else None)
+        stack = Stack(self.workdir, self.exits, self.pinned, tag=f"-{self.count}")
+        healthz_s = stack.start_gateway(base_policy(self.sim_port, stack.digest), tree)
+        assert stack.gateway is not None
         try:
-            healthz_s = procs.wait_until(gateway, port, "GET", "/healthz", READY_TIMEOUT_S)
-            first_s = procs.wait_until(gateway, port, "POST", CHAT_PATH, READY_TIMEOUT_S, body=chat_body(False),
-                                       headers={"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"})
+            first_s = procs.wait_until(stack.gateway, stack.gateway_port, "POST", CHAT_PATH, READY_TIMEOUT_S,
+                                       body=chat_body(False), headers=stack.client_headers())
         finally:
-            gateway.stop()
+            stack.gateway.stop()
         return {"healthz_s": round(healthz_s, 4), "first_chat_200_s": round(first_s, 4)}
 
 
