@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from gateway.api.hot_paths import ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_whole
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NotFound
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.supervision import stop_with_supervisor
@@ -46,8 +46,8 @@ class GatewayApp:
             if endpoint is not None and self._hot is not None:
                 await self._hot(endpoint, scope, receive, send)
                 return
-            if scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):  # HEAD: uvicorn sends no body
-                await send_whole(send, 200, LIVE, {})
+            if scope["path"] == "/healthz":
+                await _liveness(scope["method"], send)
                 return
         if self._framework is None:
             raise RuntimeError("the gateway serves requests only after its lifespan start-up")
@@ -81,6 +81,14 @@ class GatewayApp:
             await send({"type": f"lifespan.{phase}.failed", "message": traceback.format_exc()})
             raise
         await send({"type": "lifespan.shutdown.complete"})
+
+
+async def _liveness(method: str, send: Send) -> None:
+    if method in ("GET", "HEAD"):  # HEAD: uvicorn sends no body
+        await send_whole(send, 200, LIVE, {})
+        return
+    error = NotFound(f"{method} is not allowed on /healthz")  # worded as the framework words its 405s
+    await send_whole(send, 405, orjson.dumps(error.body()), error.response_headers() | {"allow": "GET, HEAD"})
 
 
 def _framework_for(services: Services) -> ASGIApp:
