@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from gateway.api.hot_paths import ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_whole
-from gateway.errors import GatewayError, NotFound
+from gateway.errors import GatewayError, MethodNotAllowed
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.supervision import stop_with_supervisor
@@ -87,8 +87,8 @@ async def _liveness(method: str, send: Send) -> None:
     if method in ("GET", "HEAD"):  # HEAD: uvicorn sends no body
         await send_whole(send, 200, LIVE, {})
         return
-    error = NotFound(f"{method} is not allowed on /healthz")  # worded as the framework words its 405s
-    await send_whole(send, 405, orjson.dumps(error.body()), error.response_headers() | {"allow": "GET, HEAD"})
+    error = MethodNotAllowed(method, "/healthz", "GET, HEAD")
+    await send_whole(send, error.http_status, orjson.dumps(error.body()), error.response_headers())
 
 
 def _framework_for(services: Services) -> ASGIApp:

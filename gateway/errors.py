@@ -66,6 +66,15 @@ class NotFound(GatewayError):
     code = "not_found"
 
 
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, method: str, path: str, allowed: str) -> None:
+        super().__init__(f"{method} is not allowed on {path}", headers={"allow": allowed})
+
+
 class ModelNotFound(NotFound):
     code = "model_not_found"
 

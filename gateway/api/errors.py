@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound
 
 log = logging.getLogger("gateway.api")
 
@@ -34,10 +34,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             return error_response(NotFound(f"no such endpoint: {request.method} {request.url.path}"))
         if exc.status_code == 405:
-            error = NotFound(f"{request.method} is not allowed on {request.url.path}")
-            response = error_response(error)
-            response.status_code = 405
-            return response
+            allowed = (exc.headers or {}).get("Allow", "")
+            return error_response(MethodNotAllowed(request.method, request.url.path, allowed))
         return error_response(InvalidRequest(str(exc.detail)))
 
     async def validation_error(_: Request, exc: Exception) -> Response:

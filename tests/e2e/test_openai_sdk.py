@@ -223,8 +223,10 @@ def test_health_and_readiness(stack: Stack) -> None:
     assert httpx.get(root + "/healthz").json() == {"status": "ok"}
     probe = httpx.head(root + "/healthz")  # load balancers' probes often use HEAD
     assert probe.status_code == 200 and probe.content == b""
-    wrong = httpx.post(root + "/healthz")
-    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD"
-    assert wrong.json()["error"]["message"] == "POST is not allowed on /healthz"
+    for path, allowed in (("/healthz", "GET, HEAD"), ("/readyz", "GET")):  # the first answered before the framework
+        wrong = httpx.post(root + path)
+        assert wrong.status_code == 405 and wrong.headers["allow"] == allowed
+        assert wrong.json()["error"] == {"message": f"POST is not allowed on {path}", "type": "invalid_request_error",
+                                         "param": None, "code": "method_not_allowed"}
     ready = httpx.get(root + "/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["ledger"]["ok"] is True
