@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.api.hot_paths import ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_whole
+from gateway.api.hot_paths import HOT, ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_whole
 from gateway.errors import GatewayError, MethodNotAllowed
 from gateway.services import Services
 from gateway.settings import Settings
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from gateway.accounting.prices import PriceCatalog
 
 LIVE = b'{"status":"ok"}'
+# The paths answered here, not by the framework, and the methods they take.
+OWN_METHODS = {"/healthz": ("GET", "HEAD"), **{path: ("POST",) for path in HOT}}
 log = logging.getLogger("gateway.api")
 
 
@@ -46,8 +48,13 @@ class GatewayApp:
             if endpoint is not None and self._hot is not None:
                 await self._hot(endpoint, scope, receive, send)
                 return
-            if scope["path"] == "/healthz":
-                await _liveness(scope["method"], send)
+            allowed = OWN_METHODS.get(scope["path"])
+            if allowed is not None and scope["method"] not in allowed:
+                refusal = MethodNotAllowed(scope["method"], scope["path"], ", ".join(allowed))
+                await send_whole(send, refusal.http_status, orjson.dumps(refusal.body()), refusal.response_headers())
+                return
+            if scope["path"] == "/healthz":  # HEAD too: uvicorn sends no body
+                await send_whole(send, 200, LIVE, {})
                 return
         if self._framework is None:
             raise RuntimeError("the gateway serves requests only after its lifespan start-up")
@@ -81,14 +88,6 @@ class GatewayApp:
             await send({"type": f"lifespan.{phase}.failed", "message": traceback.format_exc()})
             raise
         await send({"type": "lifespan.shutdown.complete"})
-
-
-async def _liveness(method: str, send: Send) -> None:
-    if method in ("GET", "HEAD"):  # HEAD: uvicorn sends no body
-        await send_whole(send, 200, LIVE, {})
-        return
-    error = MethodNotAllowed(method, "/healthz", "GET, HEAD")
-    await send_whole(send, error.http_status, orjson.dumps(error.body()), error.response_headers())
 
 
 def _framework_for(services: Services) -> ASGIApp:

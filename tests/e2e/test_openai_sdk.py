@@ -223,10 +223,12 @@ def test_health_and_readiness(stack: Stack) -> None:
     assert httpx.get(root + "/healthz").json() == {"status": "ok"}
     probe = httpx.head(root + "/healthz")  # load balancers' probes often use HEAD
     assert probe.status_code == 200 and probe.content == b""
-    for path, allowed in (("/healthz", "GET, HEAD"), ("/readyz", "GET")):  # the first answered before the framework
-        wrong = httpx.post(root + path)
+    # The first two are answered before the framework, the last by it.
+    for method, path, allowed in (("POST", "/healthz", "GET, HEAD"), ("GET", "/v1/chat/completions", "POST"),
+                                  ("POST", "/readyz", "GET")):
+        wrong = httpx.request(method, root + path)
         assert wrong.status_code == 405 and wrong.headers["allow"] == allowed
-        assert wrong.json()["error"] == {"message": f"POST is not allowed on {path}", "type": "invalid_request_error",
+        assert wrong.json()["error"] == {"message": f"{method} is not allowed on {path}", "type": "invalid_request_error",
                                          "param": None, "code": "method_not_allowed"}
     ready = httpx.get(root + "/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["ledger"]["ok"] is True
