@@ -84,10 +84,12 @@ class Stack:
     def digest(self) -> str:
         return key_digest(self.api_key)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int, tree: Path | None = None) -> procs.Spawned:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int, tree: Path | None = None,
+               module: str = "gateway") -> procs.Spawned:
         """`tree`: a checkout to run the gateway from (-P: its PYTHONPATH comes before the
-        working directory and this venv's own install), instead of this one."""
-        python = [sys.executable, "-m", "gateway"] if tree is None else [sys.executable, "-P", "-m", "gateway"]
+        working directory and this venv's own install), instead of this one. `module`:
+        what `python -m` runs (`bench.probe` wraps the gateway's CLI)."""
+        python = [sys.executable, "-m", module] if tree is None else [sys.executable, "-P", "-m", module]
         if tree is not None:
             env = env | {"PYTHONPATH": str(tree)}
         proc = procs.Spawned(f"{name}{self.tag}", [*python, *argv], env, self.workdir, cpu if self.pinned else None)
@@ -101,9 +103,9 @@ class Stack:
         procs.wait_until(self.sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
         return self.sim_port
 
-    def start_gateway(self, policy: dict[str, Any], tree: Path | None = None) -> float:
+    def start_gateway(self, policy: dict[str, Any], tree: Path | None = None, module: str = "gateway") -> float:
         """Writes the policy next to the logs; returns seconds from spawn to /healthz 200.
-        `tree`: run the gateway from that checkout (see `_spawn`)."""
+        `tree`, `module`: run the gateway from that checkout, through that module (see `_spawn`)."""
         self.gateway_port = procs.free_port()
         path = self.workdir / f"policy{self.tag}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
@@ -111,7 +113,7 @@ class Stack:
         env |= {"GATEWAY_VAR_DIR": str(self.workdir / f"var{self.tag}"), "BENCH_SIM_API_KEY": SIM_KEY,
                 "GATEWAY_ADMIN_KEY": self.admin_key}
         argv = ["serve", "--policy", str(path), "--host", "127.0.0.1", "--port", str(self.gateway_port)]
-        self.gateway = self._spawn("gateway", argv, env, GATEWAY_CPU, tree)
+        self.gateway = self._spawn("gateway", argv, env, GATEWAY_CPU, tree, module)
         return procs.wait_until(self.gateway, self.gateway_port, "GET", "/healthz", READY_TIMEOUT_S)
 
     def client_headers(self) -> dict[str, str]:
