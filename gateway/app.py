@@ -15,9 +15,7 @@ import os
 import traceback
 from typing import TYPE_CHECKING
 
-import orjson
-
-from gateway.api.hot_paths import HOT, ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_whole
+from gateway.api.hot_paths import HOT, ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_error, send_whole
 from gateway.errors import GatewayError, MethodNotAllowed
 from gateway.services import Services
 from gateway.settings import Settings
@@ -50,8 +48,7 @@ class GatewayApp:
                 return
             allowed = OWN_METHODS.get(scope["path"])
             if allowed is not None and scope["method"] not in allowed:
-                refusal = MethodNotAllowed(scope["method"], scope["path"], ", ".join(allowed))
-                await send_whole(send, refusal.http_status, orjson.dumps(refusal.body()), refusal.response_headers())
+                await send_error(send, MethodNotAllowed(scope["method"], scope["path"], ", ".join(allowed)))
                 return
             if scope["path"] == "/healthz":  # HEAD too: uvicorn sends no body
                 await send_whole(send, 200, LIVE, {})
@@ -62,8 +59,7 @@ class GatewayApp:
             framework = await asyncio.shield(self._framework)
         except Exception:
             log.exception("the app for %s could not be built", scope.get("path"))
-            error = GatewayError("the gateway hit an internal error; it has been logged")
-            await send_whole(send, 500, orjson.dumps(error.body()), error.response_headers())
+            await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
             return
         await framework(scope, receive, send)
 

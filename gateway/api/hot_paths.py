@@ -50,14 +50,13 @@ class HotPaths:
             raw = await read_body(headers, receive, services.policies.current.policy.defaults.max_body_bytes)
             reply = await services.pipeline.run(endpoint, raw, headers)
         except GatewayError as exc:
-            await send_whole(send, exc.http_status, orjson.dumps(exc.body()), exc.response_headers())
+            await send_error(send, exc)
             return
         except Disconnected:
             return
         except Exception:
             log.exception("unhandled error on POST %s", scope["path"])
-            error = GatewayError("the gateway hit an internal error; it has been logged")
-            await send_whole(send, 500, orjson.dumps(error.body()), error.response_headers())
+            await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
             return
         if isinstance(reply, JsonReply):
             await send_whole(send, reply.status, reply.body, reply.headers)
@@ -92,6 +91,11 @@ async def send_whole(send: Send, status: int, body: bytes, headers: dict[str, st
     raw_headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode()), *_encoded(headers)]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: GatewayError) -> None:
+    """`error` in OpenAI's shape, with its status and headers."""
+    await send_whole(send, error.http_status, orjson.dumps(error.body()), error.response_headers())
 
 
 async def stream(reply: StreamReply, receive: Receive, send: Send) -> None:
