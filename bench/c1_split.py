@@ -34,7 +34,7 @@ from bench import procs
 from bench.gwstack import CHAT_PATH, LOAD_CPU, SIM_KEY, Stack, base_policy, workspace
 from bench.loadgen import RawClient, Target, closed_loop
 from bench.report import ROOT, args_config, markdown_table, run_header, write_json
-from bench.stats import percentile
+from bench.stats import added_latency, summarize
 from bench.workload import chat_body
 
 MODES = ("non-stream", "stream")
@@ -69,10 +69,7 @@ async def measure(target: Target, warmup_s: float, duration_s: float, around: Ca
         around()
     finally:
         await client.aclose()
-    calls = len(samples.latencies_s)
-    return {"calls": calls, "errors": sum(samples.errors.values()), "req_s": round(calls / samples.elapsed_s, 1),
-            "p50_ms": round(percentile([s * 1e3 for s in samples.latencies_s], 50), 3),
-            "ttft_p50_ms": round(percentile([s * 1e3 for s in samples.ttfts_s], 50), 3) if samples.ttfts_s else None}
+    return summarize(samples)
 
 
 class Probed:
@@ -121,15 +118,11 @@ def one_run(workdir: Path, exits: ExitStack, pinned: bool, sim_port: int, tag: s
 
 
 def row(budget: bool, mode: str, direct: dict[str, Any], client: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
-    calls = max(client["calls"], 1)
+    calls = max(client["completed"], 1)
     cpu = figures.get("thread_cpu_s", {})
-    added_ttft = None
-    if client["ttft_p50_ms"] is not None and direct["ttft_p50_ms"] is not None:
-        added_ttft = round(client["ttft_p50_ms"] - direct["ttft_p50_ms"], 3)
     return {
-        "budget": "yes" if budget else "no", "mode": mode, "req_s": client["req_s"], "errors": client["errors"],
-        "p50_ms": client["p50_ms"], "added_p50_ms": round(client["p50_ms"] - direct["p50_ms"], 3),
-        "added_ttft_ms": added_ttft,
+        "budget": "yes" if budget else "no", "mode": mode, "rps": client["rps"], "errors": client["errors"],
+        "p50_ms": client["p50_ms"], **added_latency(direct, client),
         **{key: figures.get(key) for key in ("request_to_upstream_us", "upstream_us", "upstream_to_first_write_us",
                                              "reserve_median_us", "reserve_p90_us")},
         "waited_pct": round(100 * figures.get("draws_waiting_for_the_commit", 0) / figures["draws"], 1) if figures.get("draws") else None,
@@ -139,8 +132,8 @@ def row(budget: bool, mode: str, direct: dict[str, Any], client: dict[str, Any],
     }
 
 
-COLUMNS = [("budget", "budget"), ("mode", "mode"), ("req/s", "req_s"), ("p50 ms", "p50_ms"),
-           ("added p50 ms", "added_p50_ms"), ("added TTFT ms", "added_ttft_ms"),
+COLUMNS = [("budget", "budget"), ("mode", "mode"), ("req/s", "rps"), ("p50 ms", "p50_ms"),
+           ("added p50 ms", "added_p50_ms"), ("added TTFT ms", "added_ttft_p50_ms"),
            ("request -> upstream us", "request_to_upstream_us"), ("upstream us", "upstream_us"),
            ("upstream -> first write us", "upstream_to_first_write_us"), ("hold median / p90 us", "hold"),
            ("waited for the hold's commit %", "waited_pct"), ("loop CPU ms/call", "loop_cpu_ms"),
