@@ -1,0 +1,186 @@
+"""What the HTTP server's own Python costs per call: uvicorn against a bare protocol.
+
+The gateway is served by uvicorn (httptools parser, uvloop). A server protocol of our
+own is the lever left on the request path that does not change what the gateway does,
+so this measures its ceiling: two servers that answer the benchmark's chat request with
+the same fixed ~1 KB completion and do nothing else, on CPU 0, driven at c=1 and c=16
+from CPU 1 in alternating rounds.
+
+- `uvicorn`: a plain ASGI app under `uvicorn.run(loop="uvloop", http="httptools")`,
+  access log off - the gateway's server minus the gateway.
+- `bare`: an asyncio protocol on uvloop that feeds the same httptools parser and writes
+  the reply from its callback, with nothing in between: no scope, no receive/send
+  messages, no task per request. The least any server in Python can cost.
+
+The difference is the most a server of our own could take off a call. Prints one row
+per run and writes bench/out/server-glue-<timestamp>.json.
+
+    .venv/bin/python bench/server_glue.py                       # 3 rounds, 5 s per run
+    .venv/bin/python bench/server_glue.py --rounds 1 --duration 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, cast
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httptools
+import uvloop
+
+from bench import procs
+from bench.gwstack import CHAT_PATH, GATEWAY_CPU, LOAD_CPU, READY_TIMEOUT_S, workspace
+from bench.loadgen import RawClient, Target, closed_loop
+from bench.report import ROOT, args_config, markdown_table, run_header, write_json
+from bench.stats import summarize
+from bench.workload import chat_body
+
+SERVERS = ("uvicorn", "bare")
+COMPLETION = (b'{"id":"chatcmpl-0","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,'
+              b'"message":{"role":"assistant","content":"' + b"word " * 180 + b'"},"finish_reason":"stop"}],'
+              b'"usage":{"prompt_tokens":1023,"completion_tokens":20,"total_tokens":1043}}')
+REPLY_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(COMPLETION)
+
+
+async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await receive()
+        await send({"type": "lifespan.startup.complete"})
+        await receive()
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(COMPLETION)).encode())]})
+    await send({"type": "http.response.body", "body": COMPLETION})
+
+
+class BareProtocol(asyncio.Protocol):
+    """Keep-alive HTTP/1.1 for this benchmark's clients: each complete request gets the
+    fixed reply, written from the parser's callback."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+        self.parser = httptools.HttpRequestParser(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        self.transport.write(REPLY_HEAD + COMPLETION)
+
+
+def serve(server: str, port: int) -> None:
+    if server == "uvicorn":
+        import uvicorn
+
+        uvicorn.run(asgi_app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", access_log=False,
+                    log_level="warning")
+        return
+
+    async def bare() -> None:
+        listening = await asyncio.get_running_loop().create_server(BareProtocol, "127.0.0.1", port)
+        await listening.serve_forever()
+
+    uvloop.run(bare())
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of both servers, alternating (default 3)")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run (default 5)")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each run (default 1)")
+    parser.add_argument("--concurrency", default="1,16", help="comma-separated closed-loop concurrencies (default 1,16)")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)  # the child: run one server
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if not 1 <= args.rounds <= 50 or args.duration <= 0 or args.warmup < 0 or not args.concurrency \
+            or any(c < 1 for c in args.concurrency):
+        parser.error("--rounds from 1 to 50, --duration above 0, --warmup 0 or more, concurrencies of 1 or more")
+    return args
+
+
+async def measure(proc: procs.Spawned, target: Target, concurrency: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
+    client = RawClient(concurrency)
+    try:
+        if warmup_s:
+            await closed_loop(client, target, concurrency, warmup_s, 10**9)
+        cpu_before = procs.cpu_seconds(proc.pid)
+        samples = await closed_loop(client, target, concurrency, duration_s, 10**9)
+        cpu_s = procs.cpu_seconds(proc.pid) - cpu_before
+    finally:
+        await client.aclose()
+    summary = summarize(samples)
+    summary["server_cpu_us_per_req"] = round(cpu_s / samples.completed * 1e6, 1) if samples.completed else None
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    pinned = not args.no_pin and procs.can_pin()
+    if pinned:
+        os.sched_setaffinity(0, {LOAD_CPU})
+    body = chat_body(False)
+    rows: list[dict[str, Any]] = []
+    with workspace("server-glue-") as workdir, ExitStack() as exits:
+        ports = {}
+        for server in SERVERS:
+            port = procs.free_port()
+            proc = procs.Spawned(server, [sys.executable, str(Path(__file__).resolve()), "--serve", server, "--port", str(port)],
+                                 dict(os.environ), workdir, GATEWAY_CPU if pinned else None)
+            exits.callback(proc.stop)
+            procs.wait_until(proc, port, "POST", CHAT_PATH, READY_TIMEOUT_S, body, {"Content-Type": "application/json"})
+            ports[server] = (proc, Target(server, port, CHAT_PATH, "unused", False, body))
+        for round_no in range(1, args.rounds + 1):
+            order = SERVERS if round_no % 2 else SERVERS[::-1]
+            for concurrency in args.concurrency:
+                for server in order:
+                    proc, target = ports[server]
+                    result = asyncio.run(measure(proc, target, concurrency, args.warmup, args.duration))
+                    rows.append({"round": round_no, "server": server, "concurrency": concurrency, **result})
+                    print(markdown_table(COLUMNS, [rows[-1]]).splitlines()[-1], flush=True)
+    summary = [_difference(rows, c) for c in args.concurrency]
+    print("\n" + markdown_table(COLUMNS, rows) + "\n\n" + markdown_table(SUMMARY_COLUMNS, summary))
+    report = run_header("server_glue", args_config(args)) | {"pinned": pinned, "runs": rows, "summary": summary}
+    print(f"\nJSON: {write_json('server-glue', report, args.out_dir)}")
+    return 1 if any(row["errors"] for row in rows) else 0
+
+
+def _difference(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    """uvicorn minus bare, per round, at one concurrency: the median over rounds."""
+    def median(server: str, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["server"] == server and r["concurrency"] == concurrency)
+
+    return {"concurrency": concurrency,
+            "p50_ms": round(median("uvicorn", "p50_ms") - median("bare", "p50_ms"), 3),
+            "cpu_us": round(median("uvicorn", "server_cpu_us_per_req") - median("bare", "server_cpu_us_per_req"), 1),
+            "rps_ratio": round(median("uvicorn", "rps") / median("bare", "rps"), 3)}
+
+
+COLUMNS = [("round", "round"), ("server", "server"), ("conc", "concurrency"), ("req/s", "rps"), ("p50 ms", "p50_ms"),
+           ("p90 ms", "p90_ms"), ("p99 ms", "p99_ms"), ("server CPU us/req", "server_cpu_us_per_req"), ("errors", "errors")]
+SUMMARY_COLUMNS = [("conc", "concurrency"), ("uvicorn minus bare, p50 ms (median of rounds)", "p50_ms"),
+                   ("CPU us/req", "cpu_us"), ("req/s uvicorn / bare", "rps_ratio")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve, args.port)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    procs.run_script(main)
