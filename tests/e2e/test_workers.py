@@ -51,13 +51,6 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) 
         time.sleep(0.05)
 
 
-def answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @contextmanager
 def serving(tmp_path: Path, redis_prefix: tuple[str, str], workers: int, extra_env: dict[str, str] | None = None,
             port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
@@ -104,7 +97,7 @@ def chat(client: httpx.Client, url: str, key: str) -> httpx.Response:
 @pytest.mark.services
 def test_workers_share_the_port_and_the_books_stay_exact(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
     with serving(tmp_path, redis_prefix, workers=2) as (proc, url, key):
-        wait_for(lambda: answers(url) and len(children(proc.pid)) == 2, "both workers serve")
+        wait_for(lambda: len(serving_workers(proc.pid, url)) == 2, "both workers serve")
         workers = children(proc.pid)
         replies = []
         for _ in range(CONNECTIONS):
@@ -128,10 +121,18 @@ def sockets_held(port: int, pid: int, state: str) -> int:
     on_port = {line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
                if int(line.split()[1].rsplit(":", 1)[1], 16) == port and line.split()[3] == state}
     held = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):  # closed meanwhile
-            held.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
+    with contextlib.suppress(FileNotFoundError):  # the process is gone
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):  # closed meanwhile
+                held.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
     return len(on_port & held)
+
+
+def serving_workers(pid: int, url: str) -> list[int]:
+    """The gateway's workers listening on its port: a worker listens once its start-up is
+    complete, so these are the ones taking connections."""
+    port = int(url.rsplit(":", 1)[1])
+    return [child for child in children(pid) if sockets_held(port, child, "0A")]
 
 
 @pytest.mark.services
@@ -141,8 +142,7 @@ def test_connections_opened_while_a_worker_is_stalled_still_reach_it(tmp_path: P
     spread over every worker rather than taken by whichever was awake."""
     with serving(tmp_path, redis_prefix, workers=2) as (proc, url, _):
         port = int(url.rsplit(":", 1)[1])
-        wait_for(lambda: len(children(proc.pid)) == 2 and all(sockets_held(port, pid, "0A") for pid in children(proc.pid)),
-                 "both workers listen")
+        wait_for(lambda: len(serving_workers(proc.pid, url)) == 2, "both workers serve")
         stalled, awake = children(proc.pid)
         os.kill(stalled, signal.SIGSTOP)
         try:
@@ -165,10 +165,11 @@ def test_connections_opened_while_a_worker_is_stalled_still_reach_it(tmp_path: P
 @pytest.mark.services
 def test_a_worker_that_dies_is_replaced(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
     with serving(tmp_path, redis_prefix, workers=2) as (proc, url, key):
-        wait_for(lambda: answers(url) and len(children(proc.pid)) == 2, "both workers serve")
+        wait_for(lambda: len(serving_workers(proc.pid, url)) == 2, "both workers serve")
         victim = children(proc.pid)[0]
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: len(children(proc.pid)) == 2 and victim not in children(proc.pid), "a new worker replaces it")
+        wait_for(lambda: victim not in children(proc.pid) and len(serving_workers(proc.pid, url)) == 2,
+                 "a new worker replaces it and serves")
         with httpx.Client(timeout=30) as client:
             assert answered(chat(client, url, key))
         assert proc.poll() is None
@@ -201,7 +202,7 @@ def test_a_second_gateway_on_the_same_port_is_refused(tmp_path: Path, redis_pref
     for name in ("first", "second"):
         (tmp_path / name).mkdir()
     with serving(tmp_path / "first", redis_prefix, workers=2) as (first, url, key):
-        wait_for(lambda: answers(url) and len(children(first.pid)) == 2, "the first gateway serves")
+        wait_for(lambda: len(serving_workers(first.pid, url)) == 2, "the first gateway serves")
         port = int(url.rsplit(":", 1)[1])
         with serving(tmp_path / "second", redis_prefix, workers=2, port=port) as (second, _, _):
             assert second.wait(60) == STARTUP_FAILURE
@@ -214,7 +215,7 @@ def test_a_second_gateway_on_the_same_port_is_refused(tmp_path: Path, redis_pref
 @pytest.mark.services
 def test_workers_stop_when_the_supervisor_is_killed(tmp_path: Path, redis_prefix: tuple[str, str]) -> None:
     with serving(tmp_path, redis_prefix, workers=2) as (proc, url, key):
-        wait_for(lambda: answers(url) and len(children(proc.pid)) == 2, "both workers serve")
+        wait_for(lambda: len(serving_workers(proc.pid, url)) == 2, "both workers serve")
         workers = children(proc.pid)
         with httpx.Client(timeout=30) as client:
             for _ in range(4):  # holds made ahead now wait in the workers
