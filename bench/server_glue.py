@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import statistics
 import sys
@@ -134,19 +135,19 @@ def run(args: argparse.Namespace) -> int:
     body = chat_body(False)
     rows: list[dict[str, Any]] = []
     with workspace("server-glue-") as workdir, ExitStack() as exits:
-        ports = {}
+        servers = {}
         for server in SERVERS:
             port = procs.free_port()
             proc = procs.Spawned(server, [sys.executable, str(Path(__file__).resolve()), "--serve", server, "--port", str(port)],
                                  dict(os.environ), workdir, GATEWAY_CPU if pinned else None)
             exits.callback(proc.stop)
             procs.wait_until(proc, port, "POST", CHAT_PATH, READY_TIMEOUT_S, body, {"Content-Type": "application/json"})
-            ports[server] = (proc, Target(server, port, CHAT_PATH, "unused", False, body))
+            servers[server] = (proc, Target(server, port, CHAT_PATH, "unused", False, body))
         for round_no in range(1, args.rounds + 1):
             order = SERVERS if round_no % 2 else SERVERS[::-1]
             for concurrency in args.concurrency:
                 for server in order:
-                    proc, target = ports[server]
+                    proc, target = servers[server]
                     result = asyncio.run(measure(proc, target, concurrency, args.warmup, args.duration))
                     rows.append({"round": round_no, "server": server, "concurrency": concurrency, **result})
                     print(markdown_table(COLUMNS, [rows[-1]]).splitlines()[-1], flush=True)
@@ -160,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
 def _difference(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
     """uvicorn minus bare, per round, at one concurrency: the median over rounds."""
     def median(server: str, key: str) -> float:
-        return statistics.median(r[key] for r in rows if r["server"] == server and r["concurrency"] == concurrency)
+        values = [r[key] for r in rows if r["server"] == server and r["concurrency"] == concurrency and r["completed"]]
+        return statistics.median(values) if values else math.nan
 
     return {"concurrency": concurrency,
             "p50_ms": round(median("uvicorn", "p50_ms") - median("bare", "p50_ms"), 3),
