@@ -33,7 +33,7 @@ import uvloop
 from bench import procs
 from bench.gwstack import CHAT_PATH, LOAD_CPU, SIM_KEY, Stack, base_policy, workspace
 from bench.loadgen import RawClient, Target, closed_loop
-from bench.report import ROOT, args_config, markdown_table, run_header, write_json
+from bench.report import ROOT, add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import added_latency, summarize
 from bench.workload import chat_body
 
@@ -47,8 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each run (default 1)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: non-stream, stream")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    add_output_options(parser, pinning=True)
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):

@@ -47,7 +47,7 @@ from bench.gwstack import (
     install_signal_handlers,
     workspace,
 )
-from bench.report import ROOT, args_config, markdown_table, run_header, write_json
+from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import percentile
 from bench.workload import WORDS
 from gateway.accounting.tokens import count_chat_tokens
@@ -72,8 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="stop sending after this long (default 600)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 400 requests")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    add_output_options(parser, pinning=True)
     args = parser.parse_args(argv)
     if args.quick:
         args.requests = min(args.requests, 400)

@@ -33,8 +33,8 @@ from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
 from bench.report import (
     OVERHEAD_COLUMNS,
-    ROOT,
     RUN_COLUMNS,
+    add_output_options,
     args_config,
     markdown_table,
     run_header,
@@ -74,12 +74,11 @@ def add_load_options(parser: argparse.ArgumentParser, duration: float, concurren
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default 2)")
     parser.add_argument("--concurrency", default=concurrency, help=f"comma-separated closed-loop concurrencies (default {concurrency})")
     parser.add_argument("--modes", default="non-stream,stream", help="comma-separated: non-stream, stream")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
     parser.add_argument("--client", choices=sorted(CLIENTS), default="raw", help="load generator HTTP client (default raw)")
     parser.add_argument("--max-requests", type=int, default=1_000_000, help="cap on requests per run")
     parser.add_argument("--token-delay", type=float, default=0.0, help="simulator seconds between streamed chunks")
     parser.add_argument("--latency", type=float, default=0.0, help="simulator seconds before the first token")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    add_output_options(parser, pinning=True)
 
 
 def check_load_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

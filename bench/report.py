@@ -27,6 +27,14 @@ def run_header(benchmark: str, config: Mapping[str, Any]) -> dict[str, Any]:
             "config": dict(config)}
 
 
+def add_output_options(parser: argparse.ArgumentParser, *, pinning: bool) -> None:
+    """`--out-dir`, which every benchmark takes, and `--no-pin` for those that pin
+    their processes to CPUs."""
+    if pinning:
+        parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where the JSON goes")
+
+
 def args_config(args: argparse.Namespace) -> dict[str, Any]:
     """Command-line options as JSON-ready values."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

@@ -37,7 +37,7 @@ import yaml
 
 from bench import procs
 from bench.gwstack import workspace
-from bench.report import ROOT, markdown_table, run_header, write_json
+from bench.report import add_output_options, markdown_table, run_header, write_json
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.verify import Check, Verifier
 
@@ -294,7 +294,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=600, help="distinct tasks, a third of each kind (default 600)")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="simulator seed and prompt salt (default 0)")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    add_output_options(parser, pinning=False)
     args = parser.parse_args(argv)
     if not 3 <= args.tasks <= 100_000 or not 1 <= args.concurrency <= 256:
         parser.error("--tasks within [3, 100000], --concurrency within [1, 256]")

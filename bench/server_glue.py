@@ -40,7 +40,7 @@ import uvloop
 from bench import procs
 from bench.gwstack import CHAT_PATH, GATEWAY_CPU, LOAD_CPU, READY_TIMEOUT_S, workspace
 from bench.loadgen import RawClient, Target, closed_loop
-from bench.report import ROOT, args_config, markdown_table, run_header, write_json
+from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import summarize
 from bench.workload import chat_body
 
@@ -101,8 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each run (default 1)")
     parser.add_argument("--concurrency", default="1,16", help="comma-separated closed-loop concurrencies (default 1,16)")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    add_output_options(parser, pinning=True)
     parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)  # the child: run one server
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 
 from bench import procs
 from bench.gwstack import CHAT_PATH, LOAD_CPU, READY_TIMEOUT_S, SIM_KEY, Stack, base_policy, workspace
-from bench.report import ROOT, args_config, markdown_table, run_header, write_json
+from bench.report import ROOT, add_output_options, args_config, markdown_table, run_header, write_json
 from bench.workload import chat_body
 
 
@@ -38,8 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tree", action="append", type=Path, help="a checkout to start the gateway from (repeatable;"
                         " default: this one)")
     parser.add_argument("--runs", type=int, default=10, help="starts per tree (default 10)")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    add_output_options(parser, pinning=True)
     args = parser.parse_args(argv)
     args.tree = [tree.resolve() for tree in args.tree or [ROOT]]
     missing = [str(tree) for tree in args.tree if not (tree / "gateway" / "__main__.py").is_file()]

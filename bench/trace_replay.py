@@ -57,7 +57,7 @@ from bench.gwstack import (
     workspace,
 )
 from bench.loadgen import StreamCheck
-from bench.report import ROOT, args_config, markdown_table, run_header, write_json
+from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import percentile
 from bench.workload import WORDS
 from gateway.accounting.tokens import count_chat_tokens
@@ -101,9 +101,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="storm: gateway retry budget_ratio (default 0.5; a 30%% 429 rate needs ~0.43 retries per request)")
     parser.add_argument("--request-timeout", type=float, default=60.0, help="gateway request_timeout_s (default 60)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 0.25 trace minutes")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
     parser.add_argument("--seed", type=int, default=11, help="prompt text seed (default 11)")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "out", help="where the JSON goes")
+    add_output_options(parser, pinning=True)
     args = parser.parse_args(argv)
     if args.quick:
         args.minutes = min(args.minutes, 0.25)
