@@ -30,9 +30,10 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 
 import uvloop
 
-from bench import procs
-from bench.gwstack import CHAT_PATH, LOAD_CPU, SIM_KEY, Stack, base_policy, workspace
+from bench import placement, procs
+from bench.gwstack import CHAT_PATH, SIM_KEY, Stack, base_policy, workspace
 from bench.loadgen import RawClient, Target, closed_loop
+from bench.placement import Placement
 from bench.report import ROOT, add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import added_latency, summarize
 from bench.workload import chat_body
@@ -91,9 +92,9 @@ class Probed:
         self.last = json.loads(self.out.read_text())
 
 
-def one_run(workdir: Path, exits: ExitStack, pinned: bool, sim_port: int, tag: str, budget: bool,
+def one_run(workdir: Path, exits: ExitStack, place: Placement | None, sim_port: int, tag: str, budget: bool,
             args: argparse.Namespace, runner: asyncio.Runner) -> list[dict[str, Any]]:
-    stack = Stack(workdir, exits, pinned, tag=tag)
+    stack = Stack(workdir, exits, place, tag=tag)
     policy = base_policy(sim_port, stack.digest)
     if not budget:
         del policy["tenants"]["acme"]["budget"]
@@ -141,18 +142,18 @@ COLUMNS = [("budget", "budget"), ("mode", "mode"), ("req/s", "rps"), ("p50 ms", 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    pinned = not args.no_pin and procs.can_pin()
-    report: dict[str, Any] = run_header("c1-split", args_config(args) | {"pinned": pinned})
+    place = placement.from_args(args)
+    report: dict[str, Any] = run_header("c1-split", args_config(args) | {"pinning": placement.report(place)})
     os.environ["PYTHONPATH"] = str(ROOT)  # `python -m bench.probe` from the gateway's working directory
     rows: list[dict[str, Any]] = []
     with workspace("gateway-c1-") as workdir, ExitStack() as exits, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        simulator = Stack(workdir, exits, pinned)
+        simulator = Stack(workdir, exits, place)
         sim_port = simulator.start_simulator([])
-        if pinned:
-            os.sched_setaffinity(0, {LOAD_CPU})
+        if place is not None:
+            os.sched_setaffinity(0, {place.load_cpu})
         for pair in range(args.pairs):
             for budget in (True, False) if pair % 2 == 0 else (False, True):
-                rows += one_run(workdir, exits, pinned, sim_port, f"-{pair}-{'b' if budget else 'n'}", budget, args, runner)
+                rows += one_run(workdir, exits, place, sim_port, f"-{pair}-{'b' if budget else 'n'}", budget, args, runner)
     for r in rows:
         r["hold"] = f"{r['reserve_median_us']} / {r['reserve_p90_us']}" if r["budget"] == "yes" else "-"
     report["runs"] = rows

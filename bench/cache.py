@@ -34,11 +34,9 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 import orjson
 import uvloop
 
-from bench import procs
+from bench import placement, procs
 from bench.gwstack import (
     CHAT_PATH,
-    GATEWAY_CPU,
-    LOAD_CPU,
     MODEL,
     PRICE,
     ConnectionPool,
@@ -363,7 +361,7 @@ def print_report(report: dict[str, Any]) -> None:
     f, cfg, machine, git = report["figures"], report["config"], report["machine"], report["git"]
     usd = f["usd"]
     print(f"\n## Response cache + prefix caching ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']},"
-          f" pinned: {report['pinning']['used']})\n")
+          f" {placement.describe(report['pinning'])})\n")
     print(f"{f['requests_sent']} requests ({f['repeats_sent']} exact repeats, {f['repeat_share_sent']:.1%}), concurrency"
           f" {cfg['concurrency']}, {cfg['prefixes']} shared system prompts of ~{cfg['prefix_tokens']} tokens,"
           f" simulator latency {cfg['latency']} s, {f['elapsed_s']} s, {f['rps']} req/s, errors {f['errors']}.\n")
@@ -393,19 +391,18 @@ def main(argv: list[str] | None = None) -> int:
         "system_prompt_tokens_o200k": prompt_tokens, "request_timeout_s": REQUEST_TIMEOUT_S,
         "price_usd_per_1m": PRICE, "event_loop": "uvloop"})
     with workspace("gateway-bench-cache-") as workdir, ExitStack() as exits:
-        pinned = not args.no_pin and procs.can_pin()
-        stack = Stack(workdir, exits, pinned)
+        place = placement.from_args(args)
+        stack = Stack(workdir, exits, place)
         stack.start_simulator(["--latency", str(args.latency), "--output-tokens", str(args.output_tokens)])
         policy = base_policy(stack.sim_port, stack.digest)
         policy["tenants"]["acme"]["cache"] = {"response_ttl_s": args.ttl}
         stack.start_gateway(policy)
         report["policy"] = policy | {"tenants": {"acme": {**policy["tenants"]["acme"], "api_keys": ["<digest of the run's key>"]}}}
-        report["pinning"] = {"used": pinned, "gateway_cpu": GATEWAY_CPU if pinned else None,
-                             "simulator_and_loadgen_cpu": LOAD_CPU if pinned else None}
-        if pinned:
-            os.sched_setaffinity(0, {LOAD_CPU})
+        report["pinning"] = placement.report(place)
+        if place is not None:
+            os.sched_setaffinity(0, {place.load_cpu})
         print(f"workload: {len(items)} requests, {sum(1 for i in items if i.kind == 'repeat')} repeats;"
-              f" system prompts {prompt_tokens} tokens; pinned: {pinned}", file=sys.stderr, flush=True)
+              f" system prompts {prompt_tokens} tokens; {placement.describe(report['pinning'])}", file=sys.stderr, flush=True)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             warm = runner.run(warm_up(stack, args.concurrency))
             runner.run(asyncio.sleep(SETTLE_S))

@@ -1,7 +1,8 @@
 """Our gateway vs other LLM proxies, side by side in one run, all in front of the same simulator.
 
-Starts the hosted simulator once (CPU 1, with the load generator; `--require-auth`, so a
-proxy that drops the client's key gets 401s), then one proxy at a time on CPU 0 (bench/peers.py):
+Starts the hosted simulator once (on one core with the load generator; `--require-auth`, so
+a proxy that drops the client's key gets 401s), then one proxy at a time on the other, the
+gateway's core (bench/placement.py, the same for every proxy; bench/peers.py):
 ours, the LiteLLM proxy, the Portkey AI gateway, vllm-router. While each proxy is up, every
 mode x concurrency runs direct-to-simulator and through the proxy back to back (so each proxy
 has its own direct baseline under the same noise). Prints one Markdown table with an
@@ -31,12 +32,11 @@ if __package__ in (None, ""):
 
 import uvloop
 
-from bench import peers, procs
+from bench import peers, placement, procs
 from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
 from bench.overhead import (
     CHAT_PATH,
-    LOAD_CPU,
     READY_TIMEOUT_S,
     SETTLE_S,
     SIM_KEY,
@@ -44,7 +44,8 @@ from bench.overhead import (
     add_load_options,
     check_load_options,
 )
-from bench.peers import PEERS, PROXY_CPU, Proxy
+from bench.peers import PEERS, Proxy
+from bench.placement import Placement
 from bench.report import args_config, markdown_table, run_header, write_json
 from bench.stats import summarize
 from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
@@ -72,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class Simulator:
-    def __init__(self, args: argparse.Namespace, workdir: Path, exits: ExitStack, pinned: bool) -> None:
+    def __init__(self, args: argparse.Namespace, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
         self.port = procs.free_port()
         argv = [
             sys.executable,
@@ -90,7 +91,7 @@ class Simulator:
             str(args.latency),
             "--require-auth",  # 401 without a bearer key: a proxy must pass the simulator's key on
         ]
-        self.proc = procs.Spawned("simulator", argv, dict(os.environ), workdir, LOAD_CPU if pinned else None)
+        self.proc = procs.Spawned("simulator", argv, dict(os.environ), workdir, placement.load_core(place))
         exits.callback(self.proc.stop)
         procs.wait_until(self.proc, self.port, "GET", "/v1/models", READY_TIMEOUT_S)
         # Its own first answer is slow (tokenizer load): take it before any proxy is timed.
@@ -103,7 +104,7 @@ def _cpu(proxy: Proxy, sim: Simulator) -> dict[str, float]:
         "proxy": procs.cpu_seconds(proxy.proc.pid),
         "sim": procs.cpu_seconds(sim.proc.pid),
         "loadgen": time.process_time(),
-        "cpu0_busy": procs.cpu_busy_seconds(PROXY_CPU) if proxy.pinned else math.nan,
+        "core_busy": procs.cpu_busy_seconds(proxy.place.gateway_cpu) if proxy.place else math.nan,
     }
 
 
@@ -119,9 +120,9 @@ def cpu_figures(
         "loadgen_cpu_ms_per_req": round((end["loadgen"] - start["loadgen"]) * 1000 / done, 3),
         "loadgen_cpu_pct": round((end["loadgen"] - start["loadgen"]) * 100 / elapsed, 1),
         "proxy_cpu_pct": round(proxy_s * 100 / elapsed, 1),
-        "cpu0_others_pct": None
-        if math.isnan(start["cpu0_busy"])
-        else round(min(100.0, max(0.0, end["cpu0_busy"] - start["cpu0_busy"] - proxy_s) * 100 / elapsed), 1),
+        "core_others_pct": None
+        if math.isnan(start["core_busy"])
+        else round(min(100.0, max(0.0, end["core_busy"] - start["core_busy"] - proxy_s) * 100 / elapsed), 1),
         "loadavg_1m": os.getloadavg()[0],
     }
     if through_proxy:
@@ -226,7 +227,7 @@ def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                         "ttft_p50_ms": run["ttft_p50_ms"],
                         "cpu_ms": run.get("proxy_cpu_ms_per_req"),
                         "errors": run["errors"],
-                        "others": run.get("cpu0_others_pct"),
+                        "others": run.get("core_others_pct", run.get("cpu0_others_pct")),
                     }
                     if label == name and name in proxies:
                         p = proxies[name]
@@ -253,7 +254,7 @@ COLUMNS = [
     ("RSS MiB idle -> after", "rss"),
     ("start-up s (first 200)", "startup"),
     ("errors", "errors"),
-    ("others on CPU 0 %", "others"),
+    ("others on the proxy's CPU %", "others"),
 ]
 
 
@@ -262,14 +263,14 @@ def print_report(report: dict[str, Any]) -> None:
     versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
     print(
         f"\n## Ours vs {', '.join(n for n in report['config']['proxies'] if n != 'ours') or 'nothing'} ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']},"
-        f" pinned: {report['pinning']['used']}, client: {report['config']['client']}, {versions},"
+        f" {placement.describe(report['pinning'])}, client: {report['config']['client']}, {versions},"
         f" {report['config']['duration']} s runs)\n"
     )
     print(markdown_table(COLUMNS, table_rows(report)))
     print(
         "\nproxy CPU ms/req: the proxy's process tree (/proc utime+stime) per completed request; ratio rows are"
         " ours divided by that peer (lower is better except req/s). RSS and start-up are per proxy, not per run."
-        " others on CPU 0 %: CPU 0 time not used by the proxy during the run (the shared machine's noise)."
+        " others on the proxy's CPU %: that core's time not used by the proxy during the run (the shared machine's noise)."
     )
 
 
@@ -280,17 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    pinned = not args.no_pin and procs.can_pin()
+    place = placement.from_args(args)
     report: dict[str, Any] = {
         **run_header(
             "compare",
             args_config(args) | {"prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"},
         ),
-        "pinning": {
-            "used": pinned,
-            "proxy_cpu": PROXY_CPU if pinned else None,
-            "simulator_and_loadgen_cpu": LOAD_CPU if pinned else None,
-        },
+        "pinning": placement.report(place),
         "versions": {},
         "proxies": {},
         "runs": [],
@@ -300,20 +297,20 @@ def main(argv: list[str] | None = None) -> int:
         report["litellm_config"] = peers.LITELLM_CONFIG
     failed: dict[str, str] = {}
     with workspace("compare-bench-") as workdir, ExitStack() as exits:
-        sim = Simulator(args, workdir, exits, pinned)
-        if pinned:
-            os.sched_setaffinity(0, {LOAD_CPU})
+        sim = Simulator(args, workdir, exits, place)
+        if place is not None:
+            os.sched_setaffinity(0, {place.load_cpu})
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             for name in args.proxies:
                 with ExitStack() as phase:  # one proxy at a time: stopped before the next starts
                     try:
-                        proxy = peers.start(name, args, paths, sim.port, workdir, phase, pinned)
+                        proxy = peers.start(name, args, paths, sim.port, workdir, phase, place)
                     except (RuntimeError, TimeoutError) as exc:
                         failed[name] = str(exc)
                         print(f"{name} failed to start: {exc}", file=sys.stderr, flush=True)
                         continue
                     print(
-                        f"{name}: first 200 after {proxy.startup['first_chat_200_s']:.2f} s; pinned: {pinned}",
+                        f"{name}: first 200 after {proxy.startup['first_chat_200_s']:.2f} s; {placement.describe(report['pinning'])}",
                         file=sys.stderr,
                         flush=True,
                     )

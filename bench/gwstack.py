@@ -23,8 +23,9 @@ from typing import Any, NoReturn
 import orjson
 import yaml
 
-from bench import procs
+from bench import placement, procs
 from bench.http1 import Http1Connection, OnChunk, build_request
+from bench.placement import Placement
 from gateway.auth.keys import key_digest, new_api_key
 
 READY_TIMEOUT_S = 60.0
@@ -32,7 +33,6 @@ SIM_KEY = "sk-sim-bench"
 CHAT_PATH = "/v1/chat/completions"
 MODEL = "bench-model"
 PRICE = {"input": 0.15, "cached_input": 0.075, "output": 0.60}  # USD per 1M tokens
-GATEWAY_CPU, LOAD_CPU = 0, 1
 
 
 def _raise_interrupt(signum: int, frame: object) -> NoReturn:
@@ -72,8 +72,8 @@ def base_policy(sim_port: int, digest: str) -> dict[str, Any]:
 class Stack:
     """The simulator and a gateway, each stopped by `exits` (an ExitStack the caller closes)."""
 
-    def __init__(self, workdir: Path, exits: ExitStack, pinned: bool, tag: str = "") -> None:
-        self.workdir, self.exits, self.pinned, self.tag = workdir, exits, pinned, tag
+    def __init__(self, workdir: Path, exits: ExitStack, place: Placement | None, tag: str = "") -> None:
+        self.workdir, self.exits, self.place, self.tag = workdir, exits, place, tag
         self.api_key = new_api_key()
         self.admin_key = "adm-" + secrets.token_hex(16)
         self.sim_port = self.gateway_port = 0
@@ -84,7 +84,7 @@ class Stack:
     def digest(self) -> str:
         return key_digest(self.api_key)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int, tree: Path | None = None,
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int | None, tree: Path | None = None,
                module: str = "gateway") -> procs.Spawned:
         """`tree`: a checkout to run the gateway from (-P: its PYTHONPATH comes before the
         working directory and this venv's own install), instead of this one. `module`:
@@ -92,14 +92,14 @@ class Stack:
         python = [sys.executable, "-m", module] if tree is None else [sys.executable, "-P", "-m", module]
         if tree is not None:
             env = env | {"PYTHONPATH": str(tree)}
-        proc = procs.Spawned(f"{name}{self.tag}", [*python, *argv], env, self.workdir, cpu if self.pinned else None)
+        proc = procs.Spawned(f"{name}{self.tag}", [*python, *argv], env, self.workdir, cpu)
         self.exits.callback(proc.stop)
         return proc
 
     def start_simulator(self, extra: Sequence[str]) -> int:
         self.sim_port = procs.free_port()
         argv = ["sim", "hosted", "--host", "127.0.0.1", "--port", str(self.sim_port), *extra]
-        self.sim = self._spawn("simulator", argv, dict(os.environ), LOAD_CPU)
+        self.sim = self._spawn("simulator", argv, dict(os.environ), placement.load_core(self.place))
         procs.wait_until(self.sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
         return self.sim_port
 
@@ -113,7 +113,7 @@ class Stack:
         env |= {"GATEWAY_VAR_DIR": str(self.workdir / f"var{self.tag}"), "BENCH_SIM_API_KEY": SIM_KEY,
                 "GATEWAY_ADMIN_KEY": self.admin_key}
         argv = ["serve", "--policy", str(path), "--host", "127.0.0.1", "--port", str(self.gateway_port)]
-        self.gateway = self._spawn("gateway", argv, env, GATEWAY_CPU, tree, module)
+        self.gateway = self._spawn("gateway", argv, env, placement.gateway_core(self.place), tree, module)
         return procs.wait_until(self.gateway, self.gateway_port, "GET", "/healthz", READY_TIMEOUT_S)
 
     def client_headers(self) -> dict[str, str]:

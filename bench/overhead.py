@@ -28,9 +28,10 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 
 import uvloop
 
-from bench import procs
+from bench import placement, procs
 from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
+from bench.placement import Placement
 from bench.report import (
     OVERHEAD_COLUMNS,
     RUN_COLUMNS,
@@ -44,7 +45,6 @@ from bench.stats import RunSamples, added_latency, summarize
 from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
 from gateway.auth.keys import key_digest, new_api_key
 
-GATEWAY_CPU, LOAD_CPU = 0, 1
 READY_TIMEOUT_S = 60.0
 SETTLE_S = 0.3  # lets the ledger writer finish a run's settlements before CPU is read
 SIM_KEY = "sk-sim-bench"
@@ -118,23 +118,22 @@ def _raise_interrupt(signum: int, frame: object) -> NoReturn:
 class Stack:
     """The simulator and the gateway, started in order and always stopped."""
 
-    def __init__(self, args: argparse.Namespace, workdir: Path, exits: ExitStack) -> None:
-        self.args, self.workdir, self.exits = args, workdir, exits
-        self.pinned = not args.no_pin and procs.can_pin()
+    def __init__(self, args: argparse.Namespace, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
+        self.args, self.workdir, self.exits, self.place = args, workdir, exits, place
         self.api_key = new_api_key()
         self.sim_port, self.gateway_port = procs.free_port(), procs.free_port()
         self.sim = self._start_simulator()
         self.gateway, self.startup = self._start_gateway()
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int) -> procs.Spawned:
-        proc = procs.Spawned(name, [sys.executable, "-m", "gateway", *argv], env, self.workdir, cpu if self.pinned else None)
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int | None) -> procs.Spawned:
+        proc = procs.Spawned(name, [sys.executable, "-m", "gateway", *argv], env, self.workdir, cpu)
         self.exits.callback(proc.stop)
         return proc
 
     def _start_simulator(self) -> procs.Spawned:
         argv = ["sim", "hosted", "--host", "127.0.0.1", "--port", str(self.sim_port),
                 "--token-delay", str(self.args.token_delay), "--latency", str(self.args.latency)]
-        sim = self._spawn("simulator", argv, dict(os.environ), LOAD_CPU)
+        sim = self._spawn("simulator", argv, dict(os.environ), placement.load_core(self.place))
         procs.wait_until(sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
         # The simulator's own first answer is slow (it loads its tokenizer): take it
         # now, so the gateway's start-up figure is the gateway's alone.
@@ -154,7 +153,7 @@ class Stack:
             env["REDIS_URL"] = self.args.redis_url
         argv = ["serve", "--policy", str(policy), "--host", "127.0.0.1", "--port", str(self.gateway_port),
                 "--workers", str(self.args.workers)]
-        gateway = self._spawn("gateway", argv, env, GATEWAY_CPU)
+        gateway = self._spawn("gateway", argv, env, placement.gateway_core(self.place))
         healthz_s = procs.wait_until(gateway, self.gateway_port, "GET", "/healthz", READY_TIMEOUT_S)
         first_200_s = procs.wait_until(gateway, self.gateway_port, "POST", CHAT_PATH, READY_TIMEOUT_S,
                                        body=chat_body(False), headers=self.target("gateway", False).headers())
@@ -168,19 +167,19 @@ class Stack:
         return {"rss_kib": procs.memory_kib(self.gateway.pid), "hwm_kib": procs.memory_kib(self.gateway.pid, "VmHWM")}
 
     def cpu(self) -> CpuTimes:
-        busy = procs.cpu_busy_seconds(GATEWAY_CPU) if self.pinned else math.nan
+        busy = procs.cpu_busy_seconds(self.place.gateway_cpu) if self.place else math.nan
         return CpuTimes(procs.cpu_seconds(self.gateway.pid), procs.cpu_seconds(self.sim.pid), time.process_time(), busy)
 
 
 @dataclass(frozen=True)
 class CpuTimes:
     """Cumulative CPU seconds: each process tree, this process (the load generator),
-    and all of CPU 0 (NaN unpinned)."""
+    and all of the gateway's core (NaN unpinned)."""
 
     gateway: float
     sim: float
     loadgen: float
-    cpu0_busy: float
+    gateway_core_busy: float
 
 
 def cpu_figures(target: Target, samples: RunSamples, start: CpuTimes, end: CpuTimes, settled: CpuTimes) -> dict[str, Any]:
@@ -193,9 +192,9 @@ def cpu_figures(target: Target, samples: RunSamples, start: CpuTimes, end: CpuTi
         "loadgen_cpu_ms_per_req": round((end.loadgen - start.loadgen) * 1000 / done, 3),
         "loadgen_cpu_pct": round((end.loadgen - start.loadgen) * 100 / elapsed, 1),
         "gateway_cpu_pct": round(gateway_s * 100 / elapsed, 1),
-        # CPU 0 time used by anything but the gateway: the shared machine's noise.
-        "cpu0_others_pct": None if math.isnan(start.cpu0_busy) else
-        round(min(100.0, max(0.0, end.cpu0_busy - start.cpu0_busy - gateway_s) * 100 / elapsed), 1),
+        # The gateway's core's time used by anything but the gateway: the shared machine's noise.
+        "core_others_pct": None if math.isnan(start.gateway_core_busy) else
+        round(min(100.0, max(0.0, end.gateway_core_busy - start.gateway_core_busy - gateway_s) * 100 / elapsed), 1),
         "loadavg_1m": os.getloadavg()[0],
     }
     if target.name == "gateway":
@@ -256,14 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = run_header("overhead", args_config(args) | {
         "prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"})
     with workspace("gateway-bench-") as workdir, ExitStack() as exits:
-        stack = Stack(args, workdir, exits)
-        if stack.pinned:
-            os.sched_setaffinity(0, {LOAD_CPU})
-        report["pinning"] = {"used": stack.pinned, "gateway_cpu": GATEWAY_CPU if stack.pinned else None,
-                             "simulator_and_loadgen_cpu": LOAD_CPU if stack.pinned else None}
+        place = placement.from_args(args)
+        stack = Stack(args, workdir, exits, place)
+        if place is not None:
+            os.sched_setaffinity(0, {place.load_cpu})
+        report["pinning"] = placement.report(place)
         report["startup"] = stack.startup
         report["memory_idle"] = stack.memory()
-        print(f"started in {stack.startup['first_chat_200_s']:.2f} s; pinned: {stack.pinned}; client: {args.client}",
+        print(f"started in {stack.startup['first_chat_200_s']:.2f} s; {placement.describe(report['pinning'])}; client: {args.client}",
               file=sys.stderr, flush=True)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             rows = runner.run(run_matrix(stack))
@@ -279,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 def print_report(report: dict[str, Any]) -> None:
     machine, git = report["machine"], report["git"]
     print(f"\n## Gateway overhead vs direct ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']},"
-          f" pinned: {report['pinning']['used']}, client: {report['config']['client']})\n")
+          f" {placement.describe(report['pinning'])}, client: {report['config']['client']})\n")
     print(markdown_table(RUN_COLUMNS, report["runs"]))
     print("\n### Added by the gateway (gateway minus direct, same mode and concurrency)\n")
     print(markdown_table(OVERHEAD_COLUMNS, report["overhead"]))

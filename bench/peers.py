@@ -1,4 +1,5 @@
-"""The proxies bench/compare.py measures, each started on CPU 0 in front of the simulator.
+"""The proxies bench/compare.py measures, each started on the gateway's core
+(bench/placement.py) in front of the simulator.
 
 - ours: `python -m gateway serve` with bench/overhead.py's policy (one tenant with a budget,
   so the durable reservation is on the path), 1 worker.
@@ -23,13 +24,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench import litellm_venv, portkey_install, procs, vllm_router_venv
+from bench import litellm_venv, placement, portkey_install, procs, vllm_router_venv
 from bench.loadgen import Target
-from bench.overhead import CHAT_PATH, GATEWAY_CPU, POLICY, READY_TIMEOUT_S, SIM_KEY
+from bench.overhead import CHAT_PATH, POLICY, READY_TIMEOUT_S, SIM_KEY
+from bench.placement import Placement
 from bench.workload import chat_body
 from gateway.auth.keys import key_digest, new_api_key
 
-PROXY_CPU = GATEWAY_CPU
 PEERS = ("ours", "litellm", "portkey", "vllm-router")
 LITELLM_READY_TIMEOUT_S = 180.0  # first import of litellm[proxy] is slow
 LITELLM_CONFIG = """\
@@ -98,7 +99,7 @@ def install(args: argparse.Namespace) -> tuple[dict[str, Path], dict[str, str | 
 
 
 class Proxy:
-    """One proxy under test on CPU 0; `stop()` ends it (also registered on the ExitStack)."""
+    """One proxy under test on the gateway's core; `stop()` ends it (also registered on the ExitStack)."""
 
     name: str
     api_key: str
@@ -106,11 +107,11 @@ class Proxy:
     ready_timeout_s = READY_TIMEOUT_S
     extra_headers: tuple[tuple[str, str], ...] = ()
 
-    def __init__(self, sim_port: int, workdir: Path, exits: ExitStack, pinned: bool) -> None:
-        self.sim_port, self.workdir, self.pinned = sim_port, workdir, pinned
+    def __init__(self, sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
+        self.sim_port, self.workdir, self.place = sim_port, workdir, place
         self.port = procs.free_port()
         self.argv, env = self.command()
-        self.proc = procs.Spawned(self.name, self.argv, env, workdir, PROXY_CPU if pinned else None)
+        self.proc = procs.Spawned(self.name, self.argv, env, workdir, placement.gateway_core(place))
         exits.callback(self.proc.stop)
         timeout = self.ready_timeout_s
         ready_s = procs.wait_until(self.proc, self.port, "GET", self.ready_path, timeout)
@@ -135,9 +136,9 @@ class Proxy:
 class OurGateway(Proxy):
     name, ready_path = "ours", "/healthz"
 
-    def __init__(self, sim_port: int, workdir: Path, exits: ExitStack, pinned: bool) -> None:
+    def __init__(self, sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
         self.api_key = new_api_key()
-        super().__init__(sim_port, workdir, exits, pinned)
+        super().__init__(sim_port, workdir, exits, place)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         policy = self.workdir / "policy.yaml"
@@ -165,11 +166,11 @@ class LiteLLM(Proxy):
     name, ready_path = "litellm", "/health/liveliness"
     ready_timeout_s = LITELLM_READY_TIMEOUT_S
 
-    def __init__(self, litellm_bin: Path, master_key: bool, sim_port: int, workdir: Path, exits: ExitStack, pinned: bool) -> None:
+    def __init__(self, litellm_bin: Path, master_key: bool, sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
         self.litellm_bin, self.master_key = litellm_bin, master_key
         # Without a master key the proxy checks no key at all; with one, only that key is accepted.
         self.api_key = "sk-" + secrets.token_hex(32) if master_key else "sk-anything"
-        super().__init__(sim_port, workdir, exits, pinned)
+        super().__init__(sim_port, workdir, exits, place)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         config = self.workdir / "litellm.yaml"
@@ -203,13 +204,13 @@ class Portkey(Proxy):
 
     name, ready_path = "portkey", "/"
 
-    def __init__(self, entry: Path, sim_port: int, workdir: Path, exits: ExitStack, pinned: bool) -> None:
+    def __init__(self, entry: Path, sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
         self.entry, self.api_key = entry, SIM_KEY
         self.extra_headers = (
             ("x-portkey-provider", "openai"),
             ("x-portkey-custom-host", f"http://127.0.0.1:{sim_port}/v1"),
         )
-        super().__init__(sim_port, workdir, exits, pinned)
+        super().__init__(sim_port, workdir, exits, place)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         preload = self.workdir / "portkey-localhost.cjs"
@@ -225,7 +226,7 @@ class VllmRouter(Proxy):
 
     name, ready_path = "vllm-router", "/liveness"
 
-    def __init__(self, router_bin: Path, policy: str, sim_port: int, workdir: Path, exits: ExitStack, pinned: bool) -> None:
+    def __init__(self, router_bin: Path, policy: str, sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
         self.router_bin, self.policy, self.api_key = router_bin, policy, SIM_KEY
         status = procs.http_status(sim_port, "GET", "/health")
         if status is None or not 200 <= status < 300:
@@ -234,7 +235,7 @@ class VllmRouter(Proxy):
                 " until it gets a 2xx (the path is fixed: --health-check-endpoint only sets the periodic check), so it"
                 f" would wait {VLLM_ROUTER_STARTUP_TIMEOUT_S} s and exit; the hosted simulator needs a GET /health route"
             )
-        super().__init__(sim_port, workdir, exits, pinned)
+        super().__init__(sim_port, workdir, exits, place)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         argv = [
@@ -254,10 +255,10 @@ class VllmRouter(Proxy):
 
 
 def start(
-    name: str, args: argparse.Namespace, paths: dict[str, Path], sim_port: int, workdir: Path, exits: ExitStack, pinned: bool
+    name: str, args: argparse.Namespace, paths: dict[str, Path], sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None
 ) -> Proxy:
     """Spawn one peer and wait until it has answered a first chat completion."""
-    rest: tuple[Any, ...] = (sim_port, workdir, exits, pinned)
+    rest: tuple[Any, ...] = (sim_port, workdir, exits, place)
     if name == "ours":
         return OurGateway(*rest)
     if name == "litellm":

@@ -28,10 +28,13 @@ def run_header(benchmark: str, config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def add_output_options(parser: argparse.ArgumentParser, *, pinning: bool) -> None:
-    """`--out-dir`, which every benchmark takes, and `--no-pin` for those that pin
-    their processes to CPUs."""
+    """`--out-dir`, which every benchmark takes, and `--no-pin` and `--gateway-cpu` for
+    those that pin their processes to CPUs (bench/placement.py)."""
     if pinning:
         parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
+        parser.add_argument("--gateway-cpu", type=int, default=None,
+                            help="the gateway's core (default: the one that takes the ledger disk's interrupts, else the"
+                                 " first); the simulator and load generator get another")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where the JSON goes")
 
 
@@ -94,7 +97,7 @@ RUN_COLUMNS = [
     ("target", "target"), ("mode", "mode"), ("conc", "concurrency"), ("req/s", "rps"),
     ("p50 ms", "p50_ms"), ("p90 ms", "p90_ms"), ("p99 ms", "p99_ms"), ("TTFT p50 ms", "ttft_p50_ms"),
     ("errors", "errors"), ("gw CPU ms/req", "gateway_cpu_ms_per_req"), ("sim CPU ms/req", "sim_cpu_ms_per_req"),
-    ("loadgen CPU %", "loadgen_cpu_pct"), ("gw CPU %", "gateway_cpu_pct"), ("others on CPU 0 %", "cpu0_others_pct"),
+    ("loadgen CPU %", "loadgen_cpu_pct"), ("gw CPU %", "gateway_cpu_pct"), ("others on gw's CPU %", "core_others_pct"),
 ]
 OVERHEAD_COLUMNS = [
     ("mode", "mode"), ("conc", "concurrency"), ("added p50 ms", "added_p50_ms"), ("added p99 ms", "added_p99_ms"),

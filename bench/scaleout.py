@@ -4,7 +4,7 @@ stay exact when several workers share one budget?
 This machine has two cores: one for the gateway, one for the simulator and the load
 generator. So the cores are made smaller instead: each gateway worker gets its own CPU
 cgroup capped at `--share` of a core (cgroup v1 `cpu.cfs_quota_us`, or v2 `cpu.max`),
-all on core 0. With N workers the gateway has N such slices. Linear scaling means
+all on the gateway's core (bench/placement.py). With N workers the gateway has N such slices. Linear scaling means
 N times the throughput of one worker; whatever the workers share (PostgreSQL rows, Redis
 buckets, the listening socket) is what would bend the line.
 
@@ -32,6 +32,7 @@ import secrets
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -45,10 +46,11 @@ import psycopg
 import redis
 import uvloop
 
-from bench import procs
+from bench import placement, procs
 from bench.gwstack import workspace
 from bench.loadgen import CLIENTS, closed_loop
-from bench.overhead import LOAD_CPU, Stack, add_load_options, check_load_options
+from bench.overhead import Stack, add_load_options, check_load_options
+from bench.placement import Placement
 from bench.report import args_config, markdown_table, run_header, write_json
 from bench.stats import summarize
 
@@ -59,7 +61,7 @@ COLUMNS = [
     ("round", "round"), ("workers", "workers"), ("CPU given (cores)", "cores"), ("mode", "mode"), ("c", "concurrency"),
     ("req/s", "rps"), ("x one worker", "speedup"), ("per slice vs one", "efficiency"),
     ("gw CPU ms/req", "gateway_cpu_ms_per_req"), ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"),
-    ("workers throttled s/s", "throttled_s_per_s"), ("CPU 1 busy %", "load_cpu_busy_pct"),
+    ("workers throttled s/s", "throttled_s_per_s"), ("load CPU busy %", "load_cpu_busy_pct"),
     ("client connections per worker", "connections"), ("errors", "errors"),
 ]
 SUMMARY_COLUMNS = [
@@ -188,7 +190,8 @@ def ledger_check(database_url: str, answered: int) -> dict[str, Any]:
             "reserved_pico": reserved, "open_holds": open_holds[0], "exact": exact}
 
 
-async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, pids: list[int]) -> tuple[list[dict[str, Any]], int]:
+async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, pids: list[int], load_cpu: int
+               ) -> tuple[list[dict[str, Any]], int]:
     """Each mode in turn at each concurrency; returns the rows and every answer counted."""
     rows, answered, workers = [], 0, len(pids)
     for mode in args.modes:
@@ -200,10 +203,10 @@ async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, pids: 
                 if args.warmup > 0:
                     answered += (await closed_loop(client, target, concurrency, args.warmup, args.max_requests)).completed
                 spread = procs.connections_by_process(stack.gateway_port, pids)  # kept open from the warm-up on
-                cpu0, busy1, throttled = procs.cpu_seconds(stack.gateway.pid), procs.cpu_busy_seconds(LOAD_CPU), slices.throttled_s()
+                cpu0, busy1, throttled = procs.cpu_seconds(stack.gateway.pid), procs.cpu_busy_seconds(load_cpu), slices.throttled_s()
                 samples = await closed_loop(client, target, concurrency, args.duration, args.max_requests)
                 answered += samples.completed
-                cpu1, busy2, throttled2 = procs.cpu_seconds(stack.gateway.pid), procs.cpu_busy_seconds(LOAD_CPU), slices.throttled_s()
+                cpu1, busy2, throttled2 = procs.cpu_seconds(stack.gateway.pid), procs.cpu_busy_seconds(load_cpu), slices.throttled_s()
             finally:
                 await client.aclose()
             row: dict[str, Any] = {"workers": workers, "cores": round(workers * slices.share, 2), "mode": mode,
@@ -214,28 +217,28 @@ async def load(stack: Stack, slices: CpuSlices, args: argparse.Namespace, pids: 
                     "throttled_s_per_s": round((throttled2 - throttled) / elapsed, 3),
                     "connections": "/".join(str(n) for n in spread)}
             print(f"  workers {workers} {mode:10s} c={concurrency:<3d} {row['rps']:9.1f} req/s  p50 {row['p50_ms']:7.2f} ms"
-                  f"  CPU 1 busy {row['load_cpu_busy_pct']:5.1f} %  errors {row['errors']}", file=sys.stderr, flush=True)
+                  f"  load CPU busy {row['load_cpu_busy_pct']:5.1f} %  errors {row['errors']}", file=sys.stderr, flush=True)
             rows.append(row)
     return rows, answered
 
 
-def run_one(args: argparse.Namespace, workers: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_one(args: argparse.Namespace, workers: int, place: Placement) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     prefix = f"gwscale{secrets.token_hex(4)}"
     slices = CpuSlices(prefix, args.share)
     with fresh_database(args.database_admin) as database_url, workspace("gateway-scaleout-") as workdir, ExitStack() as exits:
         exits.callback(forget_redis_keys, args.redis_url, prefix)
         exits.callback(slices.remove)
         os.environ["GATEWAY_REDIS_PREFIX"] = prefix
-        stack_args = argparse.Namespace(no_pin=False, workers=workers, token_delay=args.token_delay, latency=args.latency,
+        stack_args = argparse.Namespace(workers=workers, token_delay=args.token_delay, latency=args.latency,
                                         no_budget=False, database_url=database_url, redis_url=args.redis_url)
-        stack = Stack(stack_args, workdir, exits)
+        stack = Stack(stack_args, workdir, exits, place)
         pids = worker_pids(stack.gateway.pid, workers)
         if len(pids) != workers:
             raise RuntimeError(f"expected {workers} worker processes under the gateway, found {len(pids)}")
         for pid in pids:
             slices.confine(pid)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            rows, answered = runner.run(load(stack, slices, args, pids))
+            rows, answered = runner.run(load(stack, slices, args, pids, place.load_cpu))
         stack.gateway.stop()  # its unused holds go back before the books are read
         books = {"workers": workers} | ledger_check(database_url, answered)
     return rows, books
@@ -282,7 +285,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.workers or min(args.workers) < 1 or not 0.01 <= args.share <= 1.0 or args.repeat < 1:
         parser.error("--workers: positive integers; --share: within [0.01, 1]; --repeat: at least 1")
     if max(args.workers) * args.share > 1.0:
-        parser.error(f"{max(args.workers)} workers x {args.share} core exceed core 0")
+        parser.error(f"{max(args.workers)} workers x {args.share} core exceed one core")
     return args
 
 
@@ -297,13 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot make CPU cgroups here ({exc}); run as root on Linux with the cpu controller", file=sys.stderr)
         return 2
     report: dict[str, Any] = run_header("scaleout", args_config(args) | {"period_us": PERIOD_US})
-    os.sched_setaffinity(0, {LOAD_CPU})
+    place = placement.choose(Path(tempfile.gettempdir()), os.sched_getaffinity(0))
+    report["pinning"] = placement.report(place)
+    os.sched_setaffinity(0, {place.load_cpu})
     rows, books = [], []
     started = time.perf_counter()
     for round_ in range(1, args.repeat + 1):  # every N once per round, so that the machine's drift spreads over all
         measured = []
         for workers in args.workers:
-            more, ledger = run_one(args, workers)
+            more, ledger = run_one(args, workers, place)
             measured += more
             books.append({"round": round_} | ledger)
         rows += [{"round": round_} | row for row in with_speedup(measured)]

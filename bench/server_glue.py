@@ -3,8 +3,8 @@
 The gateway is served by uvicorn (httptools parser, uvloop). A server protocol of our
 own is the lever left on the request path that does not change what the gateway does,
 so this measures its ceiling: two servers that answer the benchmark's chat request with
-the same fixed ~1 KB completion and do nothing else, on CPU 0, driven at c=1 and c=16
-from CPU 1 in alternating rounds.
+the same fixed ~1 KB completion and do nothing else, on the gateway's core
+(bench/placement.py), driven at c=1 and c=16 from the other in alternating rounds.
 
 - `uvicorn`: a plain ASGI app under `uvicorn.run(loop="uvloop", http="httptools")`,
   access log off - the gateway's server minus the gateway.
@@ -37,8 +37,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 import httptools
 import uvloop
 
-from bench import procs
-from bench.gwstack import CHAT_PATH, GATEWAY_CPU, LOAD_CPU, READY_TIMEOUT_S, workspace
+from bench import placement, procs
+from bench.gwstack import CHAT_PATH, READY_TIMEOUT_S, workspace
 from bench.loadgen import RawClient, Target, closed_loop
 from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import summarize
@@ -128,9 +128,9 @@ async def measure(proc: procs.Spawned, target: Target, concurrency: int, warmup_
 
 
 def run(args: argparse.Namespace) -> int:
-    pinned = not args.no_pin and procs.can_pin()
-    if pinned:
-        os.sched_setaffinity(0, {LOAD_CPU})
+    place = placement.from_args(args)
+    if place is not None:
+        os.sched_setaffinity(0, {place.load_cpu})
     body = chat_body(False)
     rows: list[dict[str, Any]] = []
     with workspace("server-glue-") as workdir, ExitStack() as exits:
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         for server in SERVERS:
             port = procs.free_port()
             proc = procs.Spawned(server, [sys.executable, str(Path(__file__).resolve()), "--serve", server, "--port", str(port)],
-                                 dict(os.environ), workdir, GATEWAY_CPU if pinned else None)
+                                 dict(os.environ), workdir, placement.gateway_core(place))
             exits.callback(proc.stop)
             procs.wait_until(proc, port, "POST", CHAT_PATH, READY_TIMEOUT_S, body, {"Content-Type": "application/json"})
             servers[server] = (proc, Target(server, port, CHAT_PATH, "unused", False, body))
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
                     print(markdown_table(COLUMNS, [rows[-1]]).splitlines()[-1], flush=True)
     summary = [_difference(rows, c) for c in args.concurrency]
     print("\n" + markdown_table(COLUMNS, rows) + "\n\n" + markdown_table(SUMMARY_COLUMNS, summary))
-    report = run_header("server_glue", args_config(args)) | {"pinned": pinned, "runs": rows, "summary": summary}
+    report = run_header("server_glue", args_config(args)) | {"pinning": placement.report(place), "runs": rows, "summary": summary}
     print(f"\nJSON: {write_json('server-glue', report, args.out_dir)}")
     return 1 if any(row["errors"] for row in rows) else 0
 

@@ -1,6 +1,6 @@
 """Start-up to first answer, measured over many starts, and compared between source trees.
 
-Starts the hosted simulator once (CPU 1), then a gateway on CPU 0 again and again, each
+Starts the hosted simulator once, then a gateway on the other core (bench/placement.py) again and again, each
 with a fresh SQLite ledger (a new GATEWAY_VAR_DIR, so every start creates its schema)
 and the benchmarks' policy (`bench/gwstack.py`). Each start records spawn -> /healthz
 200 and spawn -> the first 200 from /v1/chat/completions, then stops the gateway. Given several trees (checkouts of
@@ -27,8 +27,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import procs
-from bench.gwstack import CHAT_PATH, LOAD_CPU, READY_TIMEOUT_S, SIM_KEY, Stack, base_policy, workspace
+from bench import placement, procs
+from bench.gwstack import CHAT_PATH, READY_TIMEOUT_S, SIM_KEY, Stack, base_policy, workspace
+from bench.placement import Placement
 from bench.report import ROOT, add_output_options, args_config, markdown_table, run_header, write_json
 from bench.workload import chat_body
 
@@ -52,9 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Starts:
     """The simulator, kept up, and one gateway start after another in front of it."""
 
-    def __init__(self, workdir: Path, exits: ExitStack, pinned: bool) -> None:
-        self.workdir, self.exits, self.pinned = workdir, exits, pinned
-        simulator = Stack(workdir, exits, pinned)
+    def __init__(self, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
+        self.workdir, self.exits, self.place = workdir, exits, place
+        simulator = Stack(workdir, exits, place)
         self.sim_port = simulator.start_simulator([])
         assert simulator.sim is not None
         # Its first answer loads its tokenizer: take it now, outside every gateway's figure.
@@ -65,7 +66,7 @@ class Starts:
     def once(self, tree: Path) -> dict[str, float]:
         """A start with a ledger of its own (a new GATEWAY_VAR_DIR), then a stop."""
         self.count += 1
-        stack = Stack(self.workdir, self.exits, self.pinned, tag=f"-{self.count}")
+        stack = Stack(self.workdir, self.exits, self.place, tag=f"-{self.count}")
         healthz_s = stack.start_gateway(base_policy(self.sim_port, stack.digest), tree)
         assert stack.gateway is not None
         try:
@@ -85,13 +86,14 @@ def summary(tree: Path, starts: list[dict[str, float]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    pinned = not args.no_pin and procs.can_pin()
-    report: dict[str, Any] = run_header("startup", args_config(args) | {"tree": [str(t) for t in args.tree], "pinned": pinned})
+    place = placement.from_args(args)
+    report: dict[str, Any] = run_header("startup", args_config(args) | {"tree": [str(t) for t in args.tree],
+                                                                         "pinning": placement.report(place)})
     results: dict[Path, list[dict[str, float]]] = {tree: [] for tree in args.tree}
     with workspace("gateway-startup-") as workdir, ExitStack() as exits:
-        starts = Starts(workdir, exits, pinned)
-        if pinned:
-            os.sched_setaffinity(0, {LOAD_CPU})
+        starts = Starts(workdir, exits, place)
+        if place is not None:
+            os.sched_setaffinity(0, {place.load_cpu})
         for tree in args.tree:  # the first start of a checkout compiles its bytecode: not counted
             starts.once(tree)
         for run in range(args.runs):

@@ -44,11 +44,9 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 import orjson
 import uvloop
 
-from bench import procs
+from bench import placement, procs
 from bench.gwstack import (
     CHAT_PATH,
-    GATEWAY_CPU,
-    LOAD_CPU,
     MODEL,
     ConnectionPool,
     Stack,
@@ -57,6 +55,7 @@ from bench.gwstack import (
     workspace,
 )
 from bench.loadgen import StreamCheck
+from bench.placement import Placement
 from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import percentile
 from bench.workload import WORDS
@@ -394,11 +393,11 @@ def scenario_setup(scenario: str, args: argparse.Namespace, limits: dict[str, in
     return sim, tenant, defaults
 
 
-def run_one(workdir: Path, pinned: bool, scenario: str, speed: float, rows: list[Row], bank: PromptBank,
+def run_one(workdir: Path, place: Placement | None, scenario: str, speed: float, rows: list[Row], bank: PromptBank,
             args: argparse.Namespace, limits: dict[str, int], tag: str) -> dict[str, Any]:
     sim_flags, tenant_extra, defaults = scenario_setup(scenario, args, limits)
     with ExitStack() as exits:
-        stack = Stack(workdir, exits, pinned, tag)
+        stack = Stack(workdir, exits, place, tag)
         stack.start_simulator(sim_flags)
         policy = base_policy(stack.sim_port, stack.digest)
         policy["defaults"] = defaults
@@ -498,7 +497,7 @@ COLUMNS = [
 
 def print_report(report: dict[str, Any]) -> None:
     machine, git, cfg, trace = report["machine"], report["git"], report["config"], report["trace"]
-    print(f"\n## Trace replay ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']}, pinned: {report['pinning']['used']})\n")
+    print(f"\n## Trace replay ({git['commit']}, {machine['nproc']} CPUs {machine['cpu_model']}, {placement.describe(report['pinning'])})\n")
     print(f"Trace {Path(trace['path']).name}: minutes {cfg['start_minute']:g}-{cfg['start_minute'] + cfg['minutes']:g},"
           f" {trace['rows_in_window']} requests (prompt tokens capped at {cfg['context_cap']}: {trace['context_capped']};"
           f" output at {cfg['output_cap']}: {trace['output_capped']}); {'streaming' if cfg['stream'] else 'non-streaming'},"
@@ -541,17 +540,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs = []
     with workspace("gateway-bench-trace-") as workdir:
-        pinned = not args.no_pin and procs.can_pin()
-        report["pinning"] = {"used": pinned, "gateway_cpu": GATEWAY_CPU if pinned else None,
-                             "simulator_and_loadgen_cpu": LOAD_CPU if pinned else None}
-        if pinned:
-            os.sched_setaffinity(0, {LOAD_CPU})
+        place = placement.from_args(args)
+        report["pinning"] = placement.report(place)
+        if place is not None:
+            os.sched_setaffinity(0, {place.load_cpu})
         print(f"{len(rows)} requests in the window; peak at 1x {peak['rpm']:.0f} rpm / {peak['tpm']:,.0f} tpm;"
-              f" overload limits {limits}; pinned: {pinned}", file=sys.stderr, flush=True)
+              f" overload limits {limits}; {placement.describe(report['pinning'])}", file=sys.stderr, flush=True)
         for speed in args.speeds:
             for scenario in args.scenarios:
                 tag = f"-{scenario}-{speed:g}x"
-                run = run_one(workdir, pinned, scenario, speed, rows, bank, args, limits, tag)
+                run = run_one(workdir, place, scenario, speed, rows, bank, args, limits, tag)
                 runs.append(run)
                 print(f"  {scenario:8s} {speed:g}x: offered {run['offered']}, ok {run['success_pct']}%, p50 {run['p50_ms']} ms,"
                       f" p99 {run['p99_ms']} ms, 429s {run['client_429']}, attempts {run['upstream_attempts']},"
