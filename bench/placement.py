@@ -38,6 +38,13 @@ class Placement:
     reason: str
 
 
+def cpu_option(text: str) -> int:
+    """`--gateway-cpu`: a core this process may run on."""
+    usable = os.sched_getaffinity(0)
+    if not text.isdigit() or int(text) not in usable:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a CPU this process may use ({', '.join(map(str, sorted(usable)))})")
+    return int(text)
+
 
 def gateway_core(place: Placement | None) -> int | None:
     """The core to pin the gateway (or a peer proxy) to; None: not pinned."""

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import placement
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "bench" / "out"
 
@@ -32,7 +34,7 @@ def add_output_options(parser: argparse.ArgumentParser, *, pinning: bool) -> Non
     those that pin their processes to CPUs (bench/placement.py)."""
     if pinning:
         parser.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs with taskset")
-        parser.add_argument("--gateway-cpu", type=int, default=None,
+        parser.add_argument("--gateway-cpu", type=placement.cpu_option, default=None,
                             help="the gateway's core (default: the one that takes the ledger disk's interrupts, else the"
                                  " first); the simulator and load generator get another")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where the JSON goes")

@@ -98,3 +98,11 @@ def test_this_machine_gets_two_different_usable_cores_or_none() -> None:
     assert place.gateway_cpu in usable and place.load_cpu in usable and place.gateway_cpu != place.load_cpu
     assert pinning["used"] is True and pinning["why"]
     assert placement.from_args(argparse.Namespace(no_pin=True, gateway_cpu=None)) is None
+
+
+def test_gateway_cpu_option_takes_only_a_usable_core() -> None:
+    usable = min(os.sched_getaffinity(0))
+    assert placement.cpu_option(str(usable)) == usable
+    for bad in ("99999", "-1", "one"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a CPU this process may use"):
+            placement.cpu_option(bad)
