@@ -244,8 +244,6 @@ def overhead_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Ctrl-C and SIGTERM both unwind through the finally blocks that stop the children,
