@@ -286,6 +286,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--workers: positive integers; --share: within [0.01, 1]; --repeat: at least 1")
     if max(args.workers) * args.share > 1.0:
         parser.error(f"{max(args.workers)} workers x {args.share} core exceed one core")
+    if args.no_pin:
+        parser.error("--no-pin: this benchmark confines the workers to slices of one pinned core")
     return args
 
 
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot make CPU cgroups here ({exc}); run as root on Linux with the cpu controller", file=sys.stderr)
         return 2
     report: dict[str, Any] = run_header("scaleout", args_config(args) | {"period_us": PERIOD_US})
-    place = placement.choose(Path(tempfile.gettempdir()), os.sched_getaffinity(0))
+    place = placement.choose(Path(tempfile.gettempdir()), os.sched_getaffinity(0), args.gateway_cpu)
     report["pinning"] = placement.report(place)
     os.sched_setaffinity(0, {place.load_cpu})
     rows, books = [], []
