@@ -149,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     with workspace("gateway-c1-") as workdir, ExitStack() as exits, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         simulator = Stack(workdir, exits, place)
         sim_port = simulator.start_simulator([])
-        if place is not None:
-            os.sched_setaffinity(0, {place.load_cpu})
+        placement.join_load_core(place)
         for pair in range(args.pairs):
             for budget in (True, False) if pair % 2 == 0 else (False, True):
                 rows += one_run(workdir, exits, place, sim_port, f"-{pair}-{'b' if budget else 'n'}", budget, args, runner)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import random
 import sys
 import time
@@ -399,8 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.start_gateway(policy)
         report["policy"] = policy | {"tenants": {"acme": {**policy["tenants"]["acme"], "api_keys": ["<digest of the run's key>"]}}}
         report["pinning"] = placement.report(place)
-        if place is not None:
-            os.sched_setaffinity(0, {place.load_cpu})
+        placement.join_load_core(place)
         print(f"workload: {len(items)} requests, {sum(1 for i in items if i.kind == 'repeat')} repeats;"
               f" system prompts {prompt_tokens} tokens; {placement.describe(report['pinning'])}", file=sys.stderr, flush=True)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

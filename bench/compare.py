@@ -298,8 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     with workspace("compare-bench-") as workdir, ExitStack() as exits:
         sim = Simulator(args, workdir, exits, place)
-        if place is not None:
-            os.sched_setaffinity(0, {place.load_cpu})
+        placement.join_load_core(place)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             for name in args.proxies:
                 with ExitStack() as phase:  # one proxy at a time: stopped before the next starts

@@ -255,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     with workspace("gateway-bench-") as workdir, ExitStack() as exits:
         place = placement.from_args(args)
         stack = Stack(args, workdir, exits, place)
-        if place is not None:
-            os.sched_setaffinity(0, {place.load_cpu})
+        placement.join_load_core(place)
         report["pinning"] = placement.report(place)
         report["startup"] = stack.startup
         report["memory_idle"] = stack.memory()

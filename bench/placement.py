@@ -56,6 +56,12 @@ def load_core(place: Placement | None) -> int | None:
     return None if place is None else place.load_cpu
 
 
+def join_load_core(place: Placement | None) -> None:
+    """Put this process (the load generator) on the simulator's core; unpinned, nothing."""
+    if place is not None:
+        os.sched_setaffinity(0, {place.load_cpu})
+
+
 def report(place: Placement | None) -> dict[str, Any]:
     """The run's `pinning`, for its JSON."""
     if place is None:

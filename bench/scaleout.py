@@ -29,10 +29,8 @@ import argparse
 import asyncio
 import os
 import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -293,7 +291,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not procs.can_pin() or shutil.which("taskset") is None:
+    place = placement.from_args(args)
+    if place is None:
         print("error: this benchmark pins processes with taskset and needs two CPUs", file=sys.stderr)
         return 2
     try:
@@ -302,9 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot make CPU cgroups here ({exc}); run as root on Linux with the cpu controller", file=sys.stderr)
         return 2
     report: dict[str, Any] = run_header("scaleout", args_config(args) | {"period_us": PERIOD_US})
-    place = placement.choose(Path(tempfile.gettempdir()), os.sched_getaffinity(0), args.gateway_cpu)
     report["pinning"] = placement.report(place)
-    os.sched_setaffinity(0, {place.load_cpu})
+    placement.join_load_core(place)
     rows, books = [], []
     started = time.perf_counter()
     for round_ in range(1, args.repeat + 1):  # every N once per round, so that the machine's drift spreads over all

@@ -129,8 +129,7 @@ async def measure(proc: procs.Spawned, target: Target, concurrency: int, warmup_
 
 def run(args: argparse.Namespace) -> int:
     place = placement.from_args(args)
-    if place is not None:
-        os.sched_setaffinity(0, {place.load_cpu})
+    placement.join_load_core(place)
     body = chat_body(False)
     rows: list[dict[str, Any]] = []
     with workspace("server-glue-") as workdir, ExitStack() as exits:

@@ -17,7 +17,6 @@ Prints the median, minimum and maximum per tree and writes bench/out/startup-<ti
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from contextlib import ExitStack
@@ -92,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[Path, list[dict[str, float]]] = {tree: [] for tree in args.tree}
     with workspace("gateway-startup-") as workdir, ExitStack() as exits:
         starts = Starts(workdir, exits, place)
-        if place is not None:
-            os.sched_setaffinity(0, {place.load_cpu})
+        placement.join_load_core(place)
         for tree in args.tree:  # the first start of a checkout compiles its bytecode: not counted
             starts.once(tree)
         for run in range(args.runs):

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import csv
 import math
-import os
 import random
 import sys
 import time
@@ -542,8 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     with workspace("gateway-bench-trace-") as workdir:
         place = placement.from_args(args)
         report["pinning"] = placement.report(place)
-        if place is not None:
-            os.sched_setaffinity(0, {place.load_cpu})
+        placement.join_load_core(place)
         print(f"{len(rows)} requests in the window; peak at 1x {peak['rpm']:.0f} rpm / {peak['tpm']:,.0f} tpm;"
               f" overload limits {limits}; {placement.describe(report['pinning'])}", file=sys.stderr, flush=True)
         for speed in args.speeds:
