@@ -73,3 +73,16 @@ def added_latency(direct: Mapping[str, Any], gateway: Mapping[str, Any]) -> dict
         "added_ttft_p50_ms": diff("ttft_p50_ms"),
         "throughput_ratio": round(ratio, 3),
     }
+
+
+def paired_differences(pairs: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """Of (baseline, measured) pairs taken side by side: the median and quartiles of
+    `measured - baseline`, and the difference of the pooled medians, in the pairs' unit
+    (all NaN if empty)."""
+    differences = [measured - baseline for baseline, measured in pairs]
+    return {
+        "median": percentile(differences, 50),
+        "q25": percentile(differences, 25),
+        "q75": percentile(differences, 75),
+        "pooled": percentile([m for _, m in pairs], 50) - percentile([b for b, _ in pairs], 50),
+    }

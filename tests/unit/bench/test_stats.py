@@ -11,7 +11,7 @@ import pytest
 from bench.http1 import ProtocolError, parse_head
 from bench.loadgen import StreamCheck
 from bench.report import markdown_table
-from bench.stats import RunSamples, added_latency, percentile, summarize
+from bench.stats import RunSamples, added_latency, paired_differences, percentile, summarize
 
 
 def test_percentile_interpolates_like_numpy() -> None:
@@ -49,6 +49,15 @@ def test_added_latency_is_gateway_minus_direct() -> None:
     added = added_latency(direct, gateway)
     assert added["added_p50_ms"] == 2.5 and added["added_p99_ms"] == 6.0
     assert added["throughput_ratio"] == 0.25 and math.isnan(added["added_ttft_p50_ms"])
+
+
+def test_paired_differences_take_each_round_against_its_own_baseline() -> None:
+    # The baseline drifts from 1.0 to 3.0; each round's difference stays 0.5, except one.
+    pairs = [(1.0, 1.5), (2.0, 2.5), (3.0, 3.5), (1.5, 2.0), (2.5, 4.5)]
+    figures = paired_differences(pairs)
+    assert figures["median"] == 0.5 and figures["q25"] == 0.5 and figures["q75"] == 0.5
+    assert figures["pooled"] == 2.5 - 2.0  # the pooled medians mix the drift back in
+    assert all(math.isnan(v) for v in paired_differences([]).values())
 
 
 def _event(payload: object) -> bytes:
