@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -152,7 +152,9 @@ def test_a_drawn_hold_whose_usage_is_unknown_names_its_request_until_it_expires(
         # The call was cut off: its event is booked, its hold stays for the sweeper.
         await ledger.settle([], 0, 0, [{**event(5, drawn.id), "status": "cancelled", "usage_known": False, "cost_pico": 0}], NOW)
         await ready(ahead, key_on(ROOMY, key_id="key_2"))
-        return await ledger.expire_orphans(NOW + timedelta(days=1))  # as if the gateway had died
+        # As if the gateway had died: a day after the holds' expiry, which the holds made
+        # ahead took from the clock (not from NOW).
+        return await ledger.expire_orphans(datetime.now(UTC) + timedelta(days=1))
 
     assert with_ledger(engine, main) == 2
     with engine.connect() as conn:
