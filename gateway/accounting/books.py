@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from sqlalchemy import Engine, bindparam, text
@@ -41,6 +40,16 @@ class TaskDeadlinePassed(GatewayError):
     code = "task_deadline_passed"
 
 
+class _Booking(NamedTuple):
+    """What a settlement writes: `Ledger.settle`'s arguments, as the spool keeps them too."""
+
+    holds: list[Hold]
+    charged: int
+    used: int
+    events: list[dict[str, Any]]
+    now: datetime
+
+
 @dataclass(frozen=True, slots=True)
 class Settlement:
     cost_pico: int
@@ -58,7 +67,7 @@ class Accounting:
         self.headroom = Headroom()
         self.ahead = HoldsAhead(ledger, spool)
         self.backlog = Backlog()  # answered calls waiting to be booked (pipeline/backlog.py)
-        self._pending: set[asyncio.Task[None]] = set()  # settlements committing in the background
+        self._pending: set[asyncio.Future[bool]] = set()  # settlements committing in the background
         self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
 
     def quote(self, target: ModelTarget, at: datetime) -> PriceQuote:
@@ -207,10 +216,20 @@ class Accounting:
         )
         return await self.ledger.reserve(request, ctx.claims)
 
-    async def settle(self, ctx: RequestContext, *, wait: bool = True) -> Settlement:
+    async def settle(self, ctx: RequestContext) -> Settlement:
         """Book every attempt; end the holds unless an attempt's usage is still unknown.
-        `wait`: return once the booking is committed; otherwise it commits in the
-        background (see `settle_or_spool`)."""
+        Returns once the booking is committed (or spooled)."""
+        settlement, booking = self._settlement(ctx)
+        await self.settle_or_spool(ctx.request_id, *booking)
+        return settlement
+
+    def settle_later(self, ctx: RequestContext) -> Settlement:
+        """`settle`, handed to the ledger writer without waiting (see `book_later`)."""
+        settlement, booking = self._settlement(ctx)
+        self.book_later(ctx.request_id, *booking)
+        return settlement
+
+    def _settlement(self, ctx: RequestContext) -> tuple[Settlement, _Booking]:
         hold = ctx.holds[0] if ctx.holds else None
         events, cost, saved, tokens = [], 0, 0, 0
         pending = False
@@ -223,11 +242,9 @@ class Accounting:
             saved += a_saved
             tokens += (usage.prompt_tokens + usage.completion_tokens) if usage is not None else 0
             events.append(_event(ctx, attempt, number, hold, quote, a_cost, a_saved, at))
-        now = datetime.now(UTC)
         # No refund while usage is unknown: the hold stays until the sweeper ends it.
         holds, charged, used = ([], 0, 0) if pending else (ctx.holds, cost, tokens)
-        await self.settle_or_spool(ctx.request_id, holds, charged, used, events, now, wait=wait)
-        return Settlement(cost, saved, pending)
+        return Settlement(cost, saved, pending), _Booking(holds, charged, used, events, datetime.now(UTC))
 
     def cost(self, ctx: RequestContext) -> int:
         """What the attempts cost, each at the price in effect when it ran: the figure
@@ -243,39 +260,39 @@ class Accounting:
             return quote, 0, 0, at
         return quote, quote.cost_pico(usage), quote.saved_pico(usage), at
 
-    def later(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run `work` in the background; `flush` waits for it, and logs its failure."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._pending.add(task)
-        task.add_done_callback(self._after)
-
-    def _after(self, task: asyncio.Task[None]) -> None:
-        self._pending.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background booking failed", exc_info=task.exception())
-
     async def settle_or_spool(self, request_id: str, holds: list[Hold], charged: int, used: int,
-                              events: list[dict[str, Any]], now: datetime, *, wait: bool = True) -> None:
-        """Book what was already answered: into the ledger, or - while it is down - into
-        the local spool the sweeper replays, so no answered call goes unbooked.
+                              events: list[dict[str, Any]], now: datetime) -> None:
+        """Book what was already answered, and wait for it: into the ledger, or - while
+        it is down - into the local spool the sweeper replays, so no answered call goes
+        unbooked."""
+        try:
+            await self.ledger.settle(holds, charged, used, events, now)
+        except LedgerUnavailable:
+            log.exception("ledger unavailable; settlement of %s spooled for replay", request_id)
+            self.spool.write(holds, charged, used, events, now)
+
+    def book_later(self, request_id: str, holds: list[Hold], charged: int, used: int, events: list[dict[str, Any]],
+                   now: datetime) -> None:
+        """`settle_or_spool` without waiting: the booking is queued for the ledger writer
+        in this turn of the event loop, with no task of its own, and `flush` waits for it.
 
         Not waiting is how an answer goes out without an fsync of its own: the hold was
         durable before the call, and the settlement shares the commit of the next hold
         (ledger writer's linger). A crash in between leaves the hold for the sweeper to
         expire as `unconfirmed`, which reconciliation explains - as for a crash mid-call."""
-        booking = self._book(request_id, holds, charged, used, events, now, lazy=not wait)
-        if wait:
-            await booking
-            return
-        self.later(booking)
+        booking = _Booking(holds, charged, used, events, now)
+        future = self.ledger.settle_later(*booking)
+        self._pending.add(future)
+        future.add_done_callback(lambda done: self._booked(done, request_id, booking))
 
-    async def _book(self, request_id: str, holds: list[Hold], charged: int, used: int, events: list[dict[str, Any]],
-                    now: datetime, *, lazy: bool) -> None:
-        try:
-            await self.ledger.settle(holds, charged, used, events, now, lazy=lazy)
-        except LedgerUnavailable:
-            log.exception("ledger unavailable; settlement of %s spooled for replay", request_id)
-            self.spool.write(holds, charged, used, events, now)
+    def _booked(self, future: asyncio.Future[bool], request_id: str, booking: _Booking) -> None:
+        self._pending.discard(future)
+        error = None if future.cancelled() else future.exception()
+        if isinstance(error, LedgerUnavailable):
+            log.error("ledger unavailable; settlement of %s spooled for replay", request_id, exc_info=error)
+            self.spool.write(*booking)
+        elif error is not None:
+            log.error("background booking of %s failed", request_id, exc_info=error)
 
     async def flush(self) -> None:
         """Once this returns, every settlement handed over so far is committed (or spooled):
@@ -285,14 +302,20 @@ class Accounting:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         await self.ledger.writer.flush()
 
-    async def book_cache_hit(self, ctx: RequestContext, answer: CachedAnswer, *, wait: bool = True) -> None:
+    async def book_cache_hit(self, ctx: RequestContext, answer: CachedAnswer) -> None:
+        await self.settle_or_spool(ctx.request_id, *self._cache_hit(ctx, answer))
+
+    def book_cache_hit_later(self, ctx: RequestContext, answer: CachedAnswer) -> None:
+        self.book_later(ctx.request_id, *self._cache_hit(ctx, answer))
+
+    def _cache_hit(self, ctx: RequestContext, answer: CachedAnswer) -> _Booking:
         """A hit costs nothing upstream; its row records what the upstream call it
         replaced would have cost now, as savings. No tokens: none were billed."""
         now = datetime.now(UTC)
         target = ctx.targets[0]
         usage = Usage.from_openai(answer.usage) if answer.usage else Usage()
         saved = self.quote(target, now).cost_pico(usage)
-        await self.settle_or_spool(ctx.request_id, [], 0, 0, [{
+        return _Booking([], 0, 0, [{
             "request_id": ctx.request_id, "attempt": 0, "reservation_id": None, "tenant": ctx.tenant, "key_id": ctx.key_id,
             "task_id": ctx.task_id, "kind": "cache_hit", "endpoint": ctx.endpoint, "model": answer.model,
             "upstream_model": target.upstream_model, "upstream": answer.upstream, "route": ctx.route, "status": "ok",
@@ -300,7 +323,7 @@ class Accounting:
             "cached_tokens": 0, "cache_write_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cost_pico": 0,
             "saved_pico": saved, "price_source": "response cache", "created_at": now, "day": now.date().isoformat(),
             "timeline": orjson.dumps(ctx.timeline.as_offsets_ms()).decode(),
-        }], now, wait=wait)
+        }], now)
 
 
 def tenant_claim(tenant: str, budget: Budget, now: datetime) -> BudgetClaim:

@@ -11,6 +11,8 @@ Group commit (see writer.py) keeps that from costing a lone fsync per request.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -200,11 +202,22 @@ class Ledger:
             raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}") from exc
 
     async def settle(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
-                     now: datetime, *, skip_booked: bool = False, lazy: bool = False) -> bool:
+                     now: datetime, *, skip_booked: bool = False) -> bool:
         """End the holds - charging `charged_pico` across them in order, releasing the
         rest - and book the events, in one transaction. Returns False if a hold had
         already ended (e.g. the sweeper expired it first)."""
+        op, one = self._settlement(holds, charged_pico, tokens_used, events, now, skip_booked)
+        return await self.writer.run(op, staged=one)
 
+    def settle_later(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
+                     now: datetime) -> asyncio.Future[bool]:
+        """`settle`, queued at once for a commit it may share with a later write (the
+        ledger writer's linger); the future resolves as `settle` would return."""
+        op, one = self._settlement(holds, charged_pico, tokens_used, events, now, False)
+        return self.writer.submit(op, lazy=True, staged=one)
+
+    def _settlement(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
+                    now: datetime, skip_booked: bool) -> tuple[Callable[[Native], bool], Staged[bool] | None]:
         one = None
         if len(holds) == 1 and len(events) == 1 and not skip_booked and self.writer.one_trip:  # the common case
             params = _end_params(holds[0], charged_pico, tokens_used, "settled" if charged_pico else "released", now)
@@ -235,7 +248,7 @@ class Ledger:
                     sql.execute(NAME_REQUEST, {"id": drawn, "request_id": e["request_id"]})
             return ended
 
-        return await self.writer.run(op, lazy=lazy, staged=one)
+        return op, one
 
     async def release_unused(self, holds: list[Hold], now: datetime, *, lazy: bool = True) -> None:
         """End holds made ahead of demand that no request drew on: the money, the tokens

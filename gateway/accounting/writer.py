@@ -134,12 +134,19 @@ class GroupCommitWriter:
         `staged`: what `fn` does where statements are round trips (PostgreSQL), as one
         statement the batch can send with the others. Raises LedgerUnavailable when the
         database did not take the write."""
+        # Shielded: a request cancelled mid-write must not lose track of a write that
+        # may still commit; the caller's cancellation is re-raised after the commit.
+        return await asyncio.shield(self.submit(fn, isolated=isolated, lazy=lazy, staged=staged))
+
+    def submit(self, fn: Callable[[Native], T], *, isolated: bool = False, lazy: bool = False,
+               staged: Staged[T] | None = None) -> asyncio.Future[T]:
+        """Queue `fn` as `run` does, and return at once: the future resolves once it is
+        committed, or fails as `run` would raise. For writes nobody waits on, so they
+        are queued in the same turn of the event loop, with no task of their own."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put(_Op(fn, future, loop, isolated, lazy, staged))
-        # Shielded: a request cancelled mid-write must not lose track of a write that
-        # may still commit; the caller's cancellation is re-raised after the commit.
-        return await asyncio.shield(future)
+        return future
 
     async def flush(self) -> None:
         """Returns once every write queued before it is committed (or has failed)."""

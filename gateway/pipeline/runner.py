@@ -314,7 +314,7 @@ class Pipeline:
             if ctx.task_id is not None:
                 # A task's books and its spent header must include this call: wait for the commit.
                 try:
-                    await self.book(ctx, wait=True)
+                    await self.book(ctx)
                 finally:
                     record_request(self.parts.metrics, ctx)
             else:
@@ -328,13 +328,17 @@ class Pipeline:
 
     def record_later(self, ctx: RequestContext) -> None:
         record_request(self.parts.metrics, ctx)
-        self.accounting.later(self.book(ctx, wait=False))
-
-    async def book(self, ctx: RequestContext, *, wait: bool) -> None:
         if ctx.cache_answer is not None:
-            await self.accounting.book_cache_hit(ctx, ctx.cache_answer, wait=wait)
+            self.accounting.book_cache_hit_later(ctx, ctx.cache_answer)
         elif ctx.attempts:
-            settlement = await self.accounting.settle(ctx, wait=wait)
+            self.accounting.settle_later(ctx)
+
+    async def book(self, ctx: RequestContext) -> None:
+        """Book the call and wait for the commit."""
+        if ctx.cache_answer is not None:
+            await self.accounting.book_cache_hit(ctx, ctx.cache_answer)
+        elif ctx.attempts:
+            settlement = await self.accounting.settle(ctx)
             ctx.cost_pico = settlement.cost_pico
 
     def response_headers(self, ctx: RequestContext) -> dict[str, str]:
