@@ -12,6 +12,12 @@ that takes its disk's interrupts, where that cost is its own, and everything els
 on another. Where no one core takes them (a multi-queue NVMe disk, a tmpfs), the
 gateway goes on the first core.
 
+The same goes for the work the kernel defers from those writes to its unbound
+workqueues (ext4 converting the blocks a checkpoint just allocated, for one): left to
+the scheduler it lands on either core, so for the run those queues are pointed at the
+gateway's core too, where root may (`/sys/devices/virtual/workqueue/cpumask`), and put
+back at exit.
+
 The same placement holds for the direct baseline and for the peer proxies, so the
 comparison stays like for like.
 """
@@ -19,6 +25,7 @@ comparison stays like for like.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import tempfile
 from dataclasses import dataclass
@@ -29,6 +36,7 @@ from bench.procs import can_pin
 
 DOMINANT_SHARE = 0.9  # of the disk's interrupts, for one core to count as the one that takes them
 MIN_INTERRUPTS = 100  # fewer than this since boot tells nothing
+UNBOUND_WORK_MASK = Path("devices/virtual/workqueue/cpumask")  # under /sys
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,23 +65,51 @@ def load_core(place: Placement | None) -> int | None:
 
 
 def join_load_core(place: Placement | None) -> None:
-    """Put this process (the load generator) on the simulator's core; unpinned, nothing."""
-    if place is not None:
-        os.sched_setaffinity(0, {place.load_cpu})
+    """Put this process (the load generator) on the simulator's core, and the kernel's
+    unbound work on the gateway's until this process exits; unpinned, nothing."""
+    if place is None:
+        return
+    os.sched_setaffinity(0, {place.load_cpu})
+    replaced = steer_unbound_work(place.gateway_cpu)
+    if replaced is not None:
+        atexit.register(restore_unbound_work, replaced)
 
 
-def report(place: Placement | None) -> dict[str, Any]:
+def steer_unbound_work(cpu: int, sys_root: Path = Path("/sys")) -> str | None:
+    """Point the kernel's unbound workqueues at `cpu`. Returns the mask it replaced,
+    for `restore_unbound_work`; None where it cannot be changed (not root, no such file,
+    a core the kernel refuses)."""
+    mask = sys_root / UNBOUND_WORK_MASK
+    try:
+        replaced = mask.read_text().strip()
+        mask.write_text(f"{1 << cpu:x}\n")
+    except OSError:
+        return None
+    return replaced
+
+
+def restore_unbound_work(mask: str, sys_root: Path = Path("/sys")) -> None:
+    try:
+        (sys_root / UNBOUND_WORK_MASK).write_text(mask + "\n")
+    except OSError:
+        pass  # at exit, with nothing left to tell; the next run's steering replaces it anyway
+
+
+def report(place: Placement | None, sys_root: Path = Path("/sys")) -> dict[str, Any]:
     """The run's `pinning`, for its JSON."""
     if place is None:
-        return {"used": False, "gateway_cpu": None, "simulator_and_loadgen_cpu": None, "why": None}
-    return {"used": True, "gateway_cpu": place.gateway_cpu, "simulator_and_loadgen_cpu": place.load_cpu, "why": place.reason}
+        return {"used": False, "gateway_cpu": None, "simulator_and_loadgen_cpu": None, "why": None,
+                "unbound_kernel_work_on_gateway_cpu": False}
+    return {"used": True, "gateway_cpu": place.gateway_cpu, "simulator_and_loadgen_cpu": place.load_cpu, "why": place.reason,
+            "unbound_kernel_work_on_gateway_cpu": os.access(sys_root / UNBOUND_WORK_MASK, os.W_OK)}
 
 
 def describe(pinning: dict[str, Any]) -> str:
     """A run's `pinning` in a few words, for its printed report."""
     if not pinning["used"]:
         return "not pinned"
-    return f"gateway on CPU {pinning['gateway_cpu']}, simulator and load on CPU {pinning['simulator_and_loadgen_cpu']}"
+    where = f"gateway on CPU {pinning['gateway_cpu']}, simulator and load on CPU {pinning['simulator_and_loadgen_cpu']}"
+    return where + (" (and the kernel's unbound work with the gateway)" if pinning.get("unbound_kernel_work_on_gateway_cpu") else "")
 
 
 def from_args(args: argparse.Namespace) -> Placement | None:

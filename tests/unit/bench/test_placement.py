@@ -55,7 +55,7 @@ def test_gateway_goes_where_the_ledger_disks_interrupts_go(tmp_path: Path) -> No
     place = placement.choose(tmp_path, {0, 1}, sys_root=root, interrupts=INTERRUPTS)
     assert (place.gateway_cpu, place.load_cpu) == (1, 0)
     assert "vda" in place.reason
-    assert placement.describe(placement.report(place)) == "gateway on CPU 1, simulator and load on CPU 0"
+    assert placement.describe(placement.report(place, root)) == "gateway on CPU 1, simulator and load on CPU 0"
 
 
 def test_first_core_when_no_one_core_takes_them(tmp_path: Path) -> None:
@@ -106,3 +106,23 @@ def test_gateway_cpu_option_takes_only_a_usable_core() -> None:
     for bad in ("99999", "-1", "one"):
         with pytest.raises(argparse.ArgumentTypeError, match="is not a CPU this process may use"):
             placement.cpu_option(bad)
+
+
+def test_unbound_kernel_work_is_steered_to_the_gateways_core_and_put_back(tmp_path: Path) -> None:
+    mask = tmp_path / placement.UNBOUND_WORK_MASK
+    mask.parent.mkdir(parents=True)
+    mask.write_text("3\n")  # both cores, as the kernel starts
+    assert placement.steer_unbound_work(1, tmp_path) == "3"
+    assert mask.read_text() == "2\n"  # CPU 1 alone, in the kernel's hex mask
+    place = placement.Placement(1, 0, "test")
+    pinning = placement.report(place, tmp_path)
+    assert pinning["unbound_kernel_work_on_gateway_cpu"] is True
+    assert placement.describe(pinning).endswith("(and the kernel's unbound work with the gateway)")
+    placement.restore_unbound_work("3", tmp_path)
+    assert mask.read_text() == "3\n"
+
+
+def test_unbound_kernel_work_is_left_alone_where_it_cannot_be_moved(tmp_path: Path) -> None:
+    assert placement.steer_unbound_work(1, tmp_path) is None  # no such file (a container, an old kernel)
+    assert placement.report(placement.Placement(1, 0, "test"), tmp_path)["unbound_kernel_work_on_gateway_cpu"] is False
+    placement.restore_unbound_work("3", tmp_path)  # nothing to put back, and no error at exit
