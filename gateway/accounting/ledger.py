@@ -206,18 +206,18 @@ class Ledger:
         """End the holds - charging `charged_pico` across them in order, releasing the
         rest - and book the events, in one transaction. Returns False if a hold had
         already ended (e.g. the sweeper expired it first)."""
-        op, one = self._settlement(holds, charged_pico, tokens_used, events, now, skip_booked)
+        op, one = self._settlement(holds, charged_pico, tokens_used, events, now, skip_booked=skip_booked)
         return await self.writer.run(op, staged=one)
 
     def settle_later(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
                      now: datetime) -> asyncio.Future[bool]:
         """`settle`, queued at once for a commit it may share with a later write (the
         ledger writer's linger); the future resolves as `settle` would return."""
-        op, one = self._settlement(holds, charged_pico, tokens_used, events, now, False)
+        op, one = self._settlement(holds, charged_pico, tokens_used, events, now, skip_booked=False)
         return self.writer.submit(op, lazy=True, staged=one)
 
     def _settlement(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
-                    now: datetime, skip_booked: bool) -> tuple[Callable[[Native], bool], Staged[bool] | None]:
+                    now: datetime, *, skip_booked: bool) -> tuple[Callable[[Native], bool], Staged[bool] | None]:
         one = None
         if len(holds) == 1 and len(events) == 1 and not skip_booked and self.writer.one_trip:  # the common case
             params = _end_params(holds[0], charged_pico, tokens_used, "settled" if charged_pico else "released", now)
