@@ -4,6 +4,7 @@ through chunk by chunk, always inside the request's deadline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -48,11 +49,14 @@ def _fail(attempt: Attempt, error: GatewayError, status: str = "error") -> Gatew
 
 
 async def _within_deadline(ctx: RequestContext, attempt: Attempt, upstream: Upstream, what: str,
-                           call: Callable[[float], Awaitable[T]]) -> T:
-    """Run one upstream call bounded by the request's deadline, recording how it failed."""
+                           call: Callable[[float], Awaitable[T]], *, enforced: bool = False) -> T:
+    """Run one upstream call bounded by the request's deadline, recording how it failed.
+    `enforced`: the call holds itself to the time it is given (the upstream client's own
+    timer covers a whole reply), so no timeout scope of ours runs beside it - one timer
+    less per call (a scope costs ~6 us under uvloop)."""
     try:
         timeout = remaining_s(ctx)
-        async with asyncio.timeout(timeout):
+        async with contextlib.nullcontext() if enforced else asyncio.timeout(timeout):
             return await call(timeout)
     except TimeoutError:
         raise _fail(attempt, UpstreamTimeout(f"upstream `{upstream.name}` did not {what} before the request deadline")) from None
@@ -75,7 +79,7 @@ async def send_once(
 ) -> tuple[dict[str, Any], bytes]:
     """Returns the parsed upstream body and its raw bytes (passed to the client as-is)."""
     attempt = _new_attempt(ctx, target)
-    reply = await _within_deadline(ctx, attempt, upstream, "answer", lambda t: upstream.send(ctx.path, payload, t))
+    reply = await _within_deadline(ctx, attempt, upstream, "answer", lambda t: upstream.send(ctx.path, payload, t), enforced=True)
     _note_reply(attempt, reply.status, reply.replica, reply.headers)
     attempt.timeline.mark("end")
     if reply.status != 200:

@@ -37,7 +37,10 @@ class Upstream(Protocol):
     kind: str
     secrets: tuple[str, ...]  # credential values to scrub from any message we relay
 
-    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply: ...
+    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
+        """The whole reply, within `timeout_s` (enforced here: the pipeline sets no timer
+        of its own around it), else UpstreamTimeout."""
+        ...
 
     async def open_stream(self, path: str, body: bytes, timeout_s: float) -> UpstreamStream: ...
 
