@@ -20,7 +20,6 @@ import asyncio
 import json
 import math
 import os
-import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -33,14 +32,13 @@ if __package__ in (None, ""):
 import uvloop
 
 from bench import peers, placement, procs
-from bench.gwstack import workspace
+from bench.gwstack import install_signal_handlers, workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
 from bench.overhead import (
     CHAT_PATH,
     READY_TIMEOUT_S,
     SETTLE_S,
     SIM_KEY,
-    _raise_interrupt,
     add_load_options,
     check_load_options,
 )
@@ -279,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print_report(json.loads(Path(sys.argv[2]).read_text()))
         return 0
     args = parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    install_signal_handlers()
     place = placement.from_args(args)
     report: dict[str, Any] = {
         **run_header(

@@ -15,13 +15,12 @@ import argparse
 import asyncio
 import math
 import os
-import signal
 import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,7 +28,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 import uvloop
 
 from bench import placement, procs
-from bench.gwstack import workspace
+from bench.gwstack import install_signal_handlers, workspace
 from bench.loadgen import CLIENTS, Target, closed_loop
 from bench.placement import Placement
 from bench.report import (
@@ -109,10 +108,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.workers > 1 and not args.redis_url:
         parser.error("--workers above 1 needs --redis-url (the gateway refuses per-worker rate limits)")
     return args
-
-
-def _raise_interrupt(signum: int, frame: object) -> NoReturn:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 class Stack:
@@ -246,10 +241,7 @@ def overhead_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Ctrl-C and SIGTERM both unwind through the finally blocks that stop the children,
-    # even when started from a shell that ignores SIGINT for background jobs.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    install_signal_handlers()
     report: dict[str, Any] = run_header("overhead", args_config(args) | {
         "prompt_tokens_o200k": prompt_tokens(), "max_tokens": MAX_TOKENS, "event_loop": "uvloop"})
     with workspace("gateway-bench-") as workdir, ExitStack() as exits:

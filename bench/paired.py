@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,9 +27,9 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
 import uvloop
 
 from bench import placement
-from bench.gwstack import workspace
+from bench.gwstack import install_signal_handlers, workspace
 from bench.loadgen import CLIENTS, Client, Target, closed_loop
-from bench.overhead import Stack, _raise_interrupt
+from bench.overhead import Stack
 from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import paired_differences, percentile
 
@@ -105,8 +104,7 @@ def summary(mode: str, results: list[dict[str, float]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    install_signal_handlers()
     report: dict[str, Any] = run_header("paired", args_config(args))
     with workspace("gateway-paired-") as workdir, ExitStack() as exits:
         place = placement.from_args(args)
