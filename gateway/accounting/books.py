@@ -223,11 +223,9 @@ class Accounting:
         await self.settle_or_spool(ctx.request_id, *booking)
         return settlement
 
-    def settle_later(self, ctx: RequestContext) -> Settlement:
+    def settle_later(self, ctx: RequestContext) -> None:
         """`settle`, handed to the ledger writer without waiting (see `book_later`)."""
-        settlement, booking = self._settlement(ctx)
-        self.book_later(ctx.request_id, *booking)
-        return settlement
+        self.book_later(ctx.request_id, self._settlement(ctx)[1])
 
     def _settlement(self, ctx: RequestContext) -> tuple[Settlement, _Booking]:
         hold = ctx.holds[0] if ctx.holds else None
@@ -271,8 +269,7 @@ class Accounting:
             log.exception("ledger unavailable; settlement of %s spooled for replay", request_id)
             self.spool.write(holds, charged, used, events, now)
 
-    def book_later(self, request_id: str, holds: list[Hold], charged: int, used: int, events: list[dict[str, Any]],
-                   now: datetime) -> None:
+    def book_later(self, request_id: str, booking: _Booking) -> None:
         """`settle_or_spool` without waiting: the booking is queued for the ledger writer
         in this turn of the event loop, with no task of its own, and `flush` waits for it.
 
@@ -280,7 +277,6 @@ class Accounting:
         durable before the call, and the settlement shares the commit of the next hold
         (ledger writer's linger). A crash in between leaves the hold for the sweeper to
         expire as `unconfirmed`, which reconciliation explains - as for a crash mid-call."""
-        booking = _Booking(holds, charged, used, events, now)
         future = self.ledger.settle_later(*booking)
         self._pending.add(future)
         future.add_done_callback(lambda done: self._booked(done, request_id, booking))
@@ -306,7 +302,7 @@ class Accounting:
         await self.settle_or_spool(ctx.request_id, *self._cache_hit(ctx, answer))
 
     def book_cache_hit_later(self, ctx: RequestContext, answer: CachedAnswer) -> None:
-        self.book_later(ctx.request_id, *self._cache_hit(ctx, answer))
+        self.book_later(ctx.request_id, self._cache_hit(ctx, answer))
 
     def _cache_hit(self, ctx: RequestContext, answer: CachedAnswer) -> _Booking:
         """A hit costs nothing upstream; its row records what the upstream call it
