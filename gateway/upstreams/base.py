@@ -8,7 +8,12 @@ from typing import Protocol
 
 
 class StreamBroken(Exception):
-    """The upstream's connection failed mid-stream (reset, truncated body, read timeout)."""
+    """The upstream's connection failed mid-stream (reset, truncated body, read timeout),
+    or `deadline`: the stream's time ran out (the upstream was dropped for it)."""
+
+    def __init__(self, reason: str, *, deadline: bool = False) -> None:
+        super().__init__(reason)
+        self.deadline = deadline
 
 
 @dataclass(slots=True)
@@ -42,6 +47,10 @@ class Upstream(Protocol):
         of its own around it), else UpstreamTimeout."""
         ...
 
-    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> UpstreamStream: ...
+    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> UpstreamStream:
+        """The reply's status and headers, then its body as it arrives, all within
+        `timeout_s` (enforced here, as for `send`): past it the connection is dropped and
+        `aiter_raw` raises StreamBroken with `deadline` set, or this raises UpstreamTimeout."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -21,14 +21,15 @@ from gateway.upstreams.h1_protocol import (
     H1ConnectError,
     H1Connection,
     H1ConnectTimeout,
+    H1DeadlinePassed,
     H1Disconnected,
     H1Error,
     H1ProtocolError,
     H1Timeout,
 )
 
-__all__ = ["H1ConnectError", "H1ConnectTimeout", "H1Disconnected", "H1Error", "H1Pool", "H1ProtocolError",
-           "H1Response", "H1Timeout"]
+__all__ = ["H1ConnectError", "H1ConnectTimeout", "H1DeadlinePassed", "H1Disconnected", "H1Error", "H1Pool",
+           "H1ProtocolError", "H1Response", "H1Timeout"]
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _UNSUPPORTED_METHODS = frozenset({"HEAD", "CONNECT"})  # their responses do not follow the body rules

@@ -36,6 +36,10 @@ class H1Timeout(H1Error, TimeoutError):
     """A bound passed: connect, a free pool slot, the whole request, or the gap between reads."""
 
 
+class H1DeadlinePassed(H1Timeout):
+    """The request's whole bound (`timeout_s`) passed; the connection was dropped."""
+
+
 class H1ConnectTimeout(H1ConnectError, H1Timeout):
     """The connection (TCP and TLS) was not established in time: nothing was sent."""
 
@@ -285,7 +289,7 @@ class H1Connection(asyncio.Protocol):
             return
         now = self._loop.time() + TIMER_SLACK_S
         if self._deadline is not None and now >= self._deadline:
-            self._fail(H1Timeout(f"no complete response within {self._deadline_s}s"))
+            self._fail(H1DeadlinePassed(f"no complete response within {self._deadline_s}s"))
             return
         if self._read_timeout_s is not None:
             if self._paused:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.routing.policy import Upstream as UpstreamConfig
 from gateway.upstreams.base import StreamBroken, UpstreamReply
-from gateway.upstreams.h1 import H1Error, H1Pool, H1Response
+from gateway.upstreams.h1 import H1DeadlinePassed, H1Error, H1Pool, H1Response
 
 
 @dataclass(slots=True)
@@ -40,7 +40,7 @@ class _Stream:
             async for chunk in self.response.iter_raw():
                 yield chunk
         except (TimeoutError, H1Error) as exc:
-            raise StreamBroken(type(exc).__name__) from exc
+            raise StreamBroken(type(exc).__name__, deadline=isinstance(exc, H1DeadlinePassed)) from exc
 
     def abort(self) -> None:
         self.response.close()
@@ -119,8 +119,10 @@ class HttpUpstream:
         replica = self._pick()
         replica.in_flight += 1
         try:
-            # A stream is bounded by the gap between chunks; the request deadline bounds the rest.
-            response = await replica.pool.request("POST", path, body, read_timeout_s=self._limit(timeout_s))
+            # The request's deadline bounds the whole stream (the pool's one timer: no
+            # timeout scope of the caller's), the upstream's own timeout each gap between chunks.
+            response = await replica.pool.request("POST", path, body, timeout_s=timeout_s,
+                                                  read_timeout_s=self._limit(timeout_s))
         except BaseException as exc:
             replica.in_flight -= 1
             if isinstance(exc, TimeoutError):

@@ -23,6 +23,7 @@ import uvloop
 from gateway.upstreams.h1 import (
     H1ConnectError,
     H1ConnectTimeout,
+    H1DeadlinePassed,
     H1Disconnected,
     H1Error,
     H1Pool,
@@ -346,9 +347,34 @@ def test_read_timeout_between_chunks(run: Run) -> None:
             reply = await pool.request("POST", "/chat/completions", b"{}", read_timeout_s=0.2)
             stream = reply.iter_raw()
             assert await anext(stream) == b"data: one\n\n"
-            with pytest.raises(H1Timeout):
+            with pytest.raises(H1Timeout) as caught:
                 await anext(stream)
+            assert not isinstance(caught.value, H1DeadlinePassed)  # the server went quiet; the request had time left
             await server.connection_ended(0)  # the stalled connection was dropped
+            await pool.aclose()
+
+    run(scenario())
+
+
+def test_request_timeout_ends_a_stream_that_is_still_sending(run: Run) -> None:
+    async def scenario() -> None:
+        async def handler(request: Received, writer: asyncio.StreamWriter) -> bool:
+            writer.write(CHUNKED_HEAD)
+            for _ in range(100):  # a chunk every 20 ms for 2 s: never a gap long enough to time out
+                writer.write(chunk(b"data: more\n\n"))
+                await writer.drain()
+                await asyncio.sleep(0.02)
+            return True
+
+        async with RawHttpServer(handler) as server:
+            pool = make_pool(server.url)
+            reply = await pool.request("POST", "/chat/completions", b"{}", timeout_s=0.3, read_timeout_s=0.2)
+            received = b""
+            with pytest.raises(H1DeadlinePassed):
+                async for piece in reply.iter_raw():
+                    received += piece
+            assert received.startswith(b"data: more")  # it streamed until the request's time was up
+            await server.connection_ended(0)  # and the connection was dropped, as a vLLM server needs to abort
             await pool.aclose()
 
     run(scenario())
