@@ -32,8 +32,7 @@ from typing import NamedTuple
 from gateway.accounting.headroom import AMPLE_HOLDS
 from gateway.accounting.ledger import AHEAD, BudgetClaim, Hold, HoldRequest, Ledger
 from gateway.accounting.spool import SettlementSpool
-from gateway.accounting.writer import LedgerUnavailable
-from gateway.errors import BudgetExceeded, NotReady
+from gateway.accounting.writer import LedgerUnavailable, Refusal
 
 log = logging.getLogger("gateway.ledger")
 MAX_READY = 1024
@@ -66,7 +65,7 @@ class HoldsAhead:
         self.spool = spool
         self.max_ready = max_ready
         self._ready: dict[AheadKey, _Ready] = {}
-        self._making: dict[AheadKey, asyncio.Task[None]] = {}
+        self._making: dict[AheadKey, asyncio.Future[None]] = {}  # resolved once the hold is in (or refused)
         self._releasing: set[asyncio.Task[None]] = set()
         self._waited: set[AheadKey] = set()
 
@@ -98,31 +97,54 @@ class HoldsAhead:
                 lifetime_s: float) -> None:
         """Hold for the next request like this one, in the background: released if none
         draws on it within `window_s`. `lifetime_s`: how long a request that draws on it
-        may take, its grace before expiry included."""
+        may take, its grace before expiry included.
+
+        No task: the hold is queued for the ledger writer in the loop's next turn (once
+        this request's upstream call is on the wire) and published by the commit's own
+        callback, so the next request finds it ready sooner."""
         if key in self._ready or key in self._making or len(self._ready) + len(self._making) >= self.max_ready:
             return
-        task = asyncio.get_running_loop().create_task(self._make(key, claim, amount_pico, tokens, window_s, lifetime_s))
-        self._making[key] = task
-        task.add_done_callback(lambda _: self._making.pop(key, None))
+        loop = asyncio.get_running_loop()
+        made = self._making[key] = loop.create_future()
+        loop.call_soon(self._submit, key, claim, amount_pico, tokens, window_s, lifetime_s, made)
 
-    async def _make(self, key: AheadKey, claim: BudgetClaim, amount_pico: int, tokens: int, window_s: float,
-                    lifetime_s: float) -> None:
+    def _submit(self, key: AheadKey, claim: BudgetClaim, amount_pico: int, tokens: int, window_s: float,
+                lifetime_s: float, made: asyncio.Future[None]) -> None:
         now = datetime.now(UTC)
-        expires_at = now + timedelta(seconds=window_s + lifetime_s)
         expires_mono = time.monotonic() + window_s + lifetime_s
         request = HoldRequest(
             request_id=AHEAD + secrets.token_hex(12), tenant=key.tenant, key_id=key.key_id, task_id=None, model=key.model,
             upstream_model=key.upstream_model, upstream=key.upstream, endpoint=key.endpoint, amount_pico=amount_pico,
-            tokens=tokens, prompt_tokens_est=0, expires_at=expires_at, now=now, margin_pico=amount_pico * AMPLE_HOLDS)
+            tokens=tokens, prompt_tokens_est=0, expires_at=now + timedelta(seconds=window_s + lifetime_s), now=now,
+            margin_pico=amount_pico * AMPLE_HOLDS)
         try:
-            hold = await self.ledger.reserve(request, [claim])
-        except (BudgetExceeded, NotReady):  # the budget is nearly spent, or the ledger is down: hold per request
-            return
+            committing = self.ledger.reserve_soon(request, [claim])
         except Exception:  # a shortcut missed, never a request failed: requests hold for themselves
             log.exception("could not hold ahead for %s on %s", key.key_id, key.model)
+            self._made(key, made)
             return
-        timer = asyncio.get_running_loop().call_later(window_s, self._unused, key, hold)
-        self._ready[key] = _Ready(hold, expires_mono, timer)
+        committing.add_done_callback(lambda done: self._committed(key, done, window_s, expires_mono, made))
+
+    def _committed(self, key: AheadKey, done: asyncio.Future[Hold], window_s: float, expires_mono: float,
+                   made: asyncio.Future[None]) -> None:
+        try:
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is None:
+                hold = done.result()
+                timer = asyncio.get_running_loop().call_later(window_s, self._unused, key, hold)
+                self._ready[key] = _Ready(hold, expires_mono, timer)
+            elif not isinstance(error, (Refusal, LedgerUnavailable)):  # refused, or the ledger down: no shortcut
+                log.error("could not hold ahead for %s on %s", key.key_id, key.model, exc_info=error)
+        finally:
+            self._made(key, made)
+
+    def _made(self, key: AheadKey, made: asyncio.Future[None]) -> None:
+        if self._making.get(key) is made:
+            del self._making[key]
+        if not made.done():
+            made.set_result(None)
 
     def _unused(self, key: AheadKey, hold: Hold) -> None:
         ready = self._ready.get(key)

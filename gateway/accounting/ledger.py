@@ -146,6 +146,23 @@ class Ledger:
 
     async def reserve(self, request: HoldRequest, claims: list[BudgetClaim]) -> Hold:
         """Durably hold the worst-case cost against every claim, or refuse."""
+        op, isolated, one = self._hold(request, claims)
+        try:
+            return await self.writer.run(op, isolated=isolated, staged=one)
+        except _Refused as refused:
+            raise _budget_error(refused, request.amount_pico) from None
+        except LedgerUnavailable as exc:
+            raise _ledger_down(exc) from exc
+
+    def reserve_soon(self, request: HoldRequest, claims: list[BudgetClaim]) -> asyncio.Future[Hold]:
+        """`reserve`, queued at once with no task of its own, for a hold nobody waits on
+        yet: the future resolves with the hold, or fails with the writer's Refusal
+        (the budget refused it) or LedgerUnavailable."""
+        op, isolated, one = self._hold(request, claims)
+        return self.writer.submit(op, isolated=isolated, staged=one)
+
+    def _hold(self, request: HoldRequest, claims: list[BudgetClaim]) -> tuple[Callable[[Native], Hold], bool, Staged[Hold] | None]:
+        """The write that holds: (op, isolated, staged), as the writer takes them."""
         # One request may hold more than once (a retry or an escalation): number them.
         hold_id = f"rsv_{request.request_id.removeprefix('req_')}_{request.sequence}"
 
@@ -191,15 +208,9 @@ class Ledger:
         def op(sql: Native) -> Hold:
             return one.run(sql) if one is not None else each_claim(sql)
 
-        try:
-            # A refusal of the first claim has written nothing to undo (a budget row
-            # it created may stay); only a later claim's refusal needs a savepoint.
-            return await self.writer.run(op, isolated=len(claims) > 1, staged=one)
-        except _Refused as refused:
-            raise _budget_error(refused, request.amount_pico) from None
-        except LedgerUnavailable as exc:
-            # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
-            raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}") from exc
+        # A refusal of the first claim has written nothing to undo (a budget row it
+        # created may stay); only a later claim's refusal needs a savepoint.
+        return op, len(claims) > 1, one
 
     async def settle(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
                      now: datetime, *, skip_booked: bool = False) -> bool:
@@ -323,6 +334,11 @@ def _hold(sql: Native, params: dict[str, Any]) -> tuple[bool, int | None]:
         return False, None
     left = sql.fetchone(BUDGET_LEFT, {"id": params["id"]})
     return True, None if left is None else left[0]
+
+
+def _ledger_down(exc: LedgerUnavailable) -> NotReady:
+    # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
+    return NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}")
 
 
 def _refusal(sql: Native, claim: BudgetClaim) -> _Refused:

@@ -173,6 +173,11 @@ def test_a_failure_to_hold_ahead_costs_the_next_request_nothing_but_the_shortcut
         async def reserve(self, *args: Any, **kwargs: Any) -> Hold:
             raise RuntimeError("a bug on the way to the ledger")
 
+        def reserve_soon(self, *args: Any, **kwargs: Any) -> asyncio.Future[Hold]:
+            failed: asyncio.Future[Hold] = asyncio.get_running_loop().create_future()
+            failed.set_exception(RuntimeError("a bug on the way to the ledger"))  # as the writer reports an op's bug
+            return failed
+
     async def main(ledger: Ledger) -> Hold | None:
         ahead = HoldsAhead(ledger, SettlementSpool(tmp_path / "var"))
         ahead.prepare(KEY, ROOMY, 100, 10, 10.0, 60.0)
