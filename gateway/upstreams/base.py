@@ -31,10 +31,9 @@ class UpstreamStream(Protocol):
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
-    def abort(self) -> None:
-        """Drop the connection now; a read in progress ends (the caller knows why)."""
-
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """End the stream; one not read to its end drops the connection, which is how a
+        vLLM server learns to abort the request."""
 
 
 class Upstream(Protocol):

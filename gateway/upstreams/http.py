@@ -42,9 +42,6 @@ class _Stream:
         except (TimeoutError, H1Error) as exc:
             raise StreamBroken(type(exc).__name__, deadline=isinstance(exc, H1DeadlinePassed)) from exc
 
-    def abort(self) -> None:
-        self.response.close()
-
     async def aclose(self) -> None:
         if self._closed:
             return
