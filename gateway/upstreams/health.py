@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.upstreams.ratelimit_headers import ProviderLimits, parse_provider_limits
+from gateway.upstreams.ratelimit_headers import ProviderLimits, may_be_exhausted, parse_provider_limits
 
 if TYPE_CHECKING:  # imported only where Redis is configured: it costs start-up time otherwise
     from redis.asyncio import Redis
@@ -63,7 +63,7 @@ class UpstreamHealth:
     def record_success(self, upstream: str, headers: Mapping[str, str] | None = None) -> None:
         state = self._state(upstream)
         state.failures = 0
-        if headers:
+        if headers and may_be_exhausted(headers):
             self.learn(upstream, parse_provider_limits(headers))
 
     def learn(self, upstream: str, limits: ProviderLimits) -> None:

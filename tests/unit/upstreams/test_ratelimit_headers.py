@@ -7,6 +7,7 @@ import pytest
 from gateway.upstreams.ratelimit_headers import (
     ProviderLimits,
     format_go_duration,
+    may_be_exhausted,
     parse_go_duration,
     parse_provider_limits,
 )
@@ -145,3 +146,15 @@ def test_no_headers_no_limits() -> None:
 
 def test_epoch_seconds_in_a_reset_header_are_a_time_not_a_delay() -> None:
     assert parse_provider_limits({"x-ratelimit-reset-tokens": str(NOW + 42)}, now=NOW).tokens_reset_s == pytest.approx(42.0)
+
+
+@pytest.mark.parametrize(("headers", "exhausted"), [
+    ({"x-ratelimit-remaining-requests": "9999", "x-ratelimit-remaining-tokens": "1998000"}, False),
+    ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "1998000"}, True),
+    ({"anthropic-ratelimit-output-tokens-remaining": "0"}, True),
+    ({"X-RateLimit-Remaining-Tokens": "-1"}, True),
+    ({"x-ratelimit-remaining-tokens": "soon"}, True),  # unreadable: the full parse decides
+    ({"retry-after": "2"}, False),  # no count at all: nothing to learn on a success
+])
+def test_only_a_count_without_room_asks_for_the_full_parse(headers: dict[str, str], exhausted: bool) -> None:
+    assert may_be_exhausted(headers) is exhausted
