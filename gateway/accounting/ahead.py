@@ -101,7 +101,7 @@ class HoldsAhead:
 
         No task: the hold is queued for the ledger writer in the loop's next turn (once
         this request's upstream call is on the wire) and published by the commit's own
-        callback, so the next request finds it ready sooner."""
+        callback; `_making` keeps a future for a request that must wait for it."""
         if key in self._ready or key in self._making or len(self._ready) + len(self._making) >= self.max_ready:
             return
         loop = asyncio.get_running_loop()
