@@ -141,9 +141,8 @@ class HoldsAhead:
             self._made(key, made)
 
     def _made(self, key: AheadKey, made: asyncio.Future[None]) -> None:
-        if self._making.get(key) is made:
-            del self._making[key]
-        if not made.done():
+        del self._making[key]
+        if not made.done():  # a cancelled gather in `_unclaim` cancels it; the hold is published all the same
             made.set_result(None)
 
     def _unused(self, key: AheadKey, hold: Hold) -> None:

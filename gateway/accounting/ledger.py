@@ -152,7 +152,8 @@ class Ledger:
         except _Refused as refused:
             raise _budget_error(refused, request.amount_pico) from None
         except LedgerUnavailable as exc:
-            raise _ledger_down(exc) from exc
+            # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
+            raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}") from exc
 
     def reserve_soon(self, request: HoldRequest, claims: list[BudgetClaim]) -> asyncio.Future[Hold]:
         """`reserve`, queued at once with no task of its own, for a hold nobody waits on
@@ -334,11 +335,6 @@ def _hold(sql: Native, params: dict[str, Any]) -> tuple[bool, int | None]:
         return False, None
     left = sql.fetchone(BUDGET_LEFT, {"id": params["id"]})
     return True, None if left is None else left[0]
-
-
-def _ledger_down(exc: LedgerUnavailable) -> NotReady:
-    # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
-    return NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}")
 
 
 def _refusal(sql: Native, claim: BudgetClaim) -> _Refused:
