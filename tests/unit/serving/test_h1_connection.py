@@ -1,0 +1,426 @@
+"""The gateway's HTTP/1.1 server protocol under uvicorn, on a real loopback socket, on
+both event loops, driven byte by byte from a raw client. Apps wait on events, never on
+the clock; GUARD_S only bounds a wait so that a bug fails the test instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+import uvloop
+
+from gateway.serving.h1_connection import MAX_HEAD_BYTES, H1ServerConnection
+
+GUARD_S = 10
+Run = Callable[[Coroutine[Any, Any, None]], None]
+App = Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Run:
+    return uvloop.run if request.param == "uvloop" else asyncio.run  # type: ignore[return-value]
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    chunks: list[bytes] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: App, **options: Any) -> AsyncIterator[tuple[int, uvicorn.Server]]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, http=H1ServerConnection, lifespan="off", log_level="critical",
+                            timeout_graceful_shutdown=GUARD_S, **options)
+    config.load()
+    server = uvicorn.Server(config)
+    # Server.serve's steps without its signal handlers, which belong to the test runner.
+    server.lifespan = config.lifespan_class(config)
+    await server.startup(sockets=[sock])
+    ticking = asyncio.create_task(server.main_loop())  # it renews the date header, and ends on should_exit
+    try:
+        yield sock.getsockname()[1], server
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(GUARD_S):
+            await ticking
+            await server.shutdown(sockets=[sock])
+        sock.close()
+
+
+async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def read_reply(reader: asyncio.StreamReader) -> Reply:
+    async with asyncio.timeout(GUARD_S):
+        head = await reader.readuntil(b"\r\n\r\n")
+        line, *fields = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+        headers = {name.lower(): value.strip() for name, _, value in (f.partition(":") for f in fields)}
+        status = int(line.split(" ")[1])
+        if "content-length" in headers:
+            return Reply(status, headers, await reader.readexactly(int(headers["content-length"])))
+        if headers.get("transfer-encoding") == "chunked":
+            chunks = []
+            while (size := int((await reader.readuntil(b"\r\n")).strip(), 16)) > 0:
+                chunks.append(await reader.readexactly(size))
+                assert await reader.readexactly(2) == b"\r\n"
+            assert await reader.readexactly(2) == b"\r\n"
+            return Reply(status, headers, b"".join(chunks), chunks)
+        return Reply(status, headers, await reader.read())  # delimited by the close
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    async with asyncio.timeout(GUARD_S):
+        return await reader.read() == b""
+
+
+def post(path: str, body: bytes, *extra: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "host: t", f"content-length: {len(body)}", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def read_all(receive: Any) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers with what it was sent, and where."""
+    body = await read_all(receive)
+    where = f"{scope['method']} {scope['path']} {scope['raw_path'].decode()} ?{scope['query_string'].decode()}"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body)),
+                            (b"x-where", where.encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+# -- requests and keep-alive ---------------------------------------------------------------
+
+
+def test_requests_on_one_connection_are_answered_in_turn_with_what_they_sent(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            for n in range(3):
+                writer.write(post("/v1/chat/completions", b'{"n": %d}' % n))
+                reply = await read_reply(reader)
+                assert (reply.status, reply.body) == (200, b'{"n": %d}' % n)
+                assert reply.headers["content-length"] == str(len(reply.body))
+                assert reply.headers["x-where"] == "POST /v1/chat/completions /v1/chat/completions ?"
+                assert "date" in reply.headers and "connection" not in reply.headers
+            writer.close()
+
+    run(scenario())
+
+
+def test_pipelined_requests_are_answered_in_order(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"".join(post("/p", b"first-%d" % n) for n in range(5)))
+            assert [(await read_reply(reader)).body for _ in range(5)] == [b"first-%d" % n for n in range(5)]
+            writer.close()
+
+    run(scenario())
+
+
+def test_query_and_escaped_path_reach_the_app_as_asgi_says(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET /a%20b/c?x=1&y=%20 HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert (await read_reply(reader)).headers["x-where"] == "GET /a b/c /a%20b/c ?x=1&y=%20"
+            writer.close()
+
+    run(scenario())
+
+
+def test_a_chunked_request_body_arrives_whole(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"POST /c HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+                         b"5\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\n\r\n")
+            assert (await read_reply(reader)).body == b"hello world"
+            writer.close()
+
+    run(scenario())
+
+
+def test_a_body_larger_than_the_read_buffer_arrives_intact(run: Run) -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB: reading pauses and resumes as the app takes it
+
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/big", body))
+            assert (await read_reply(reader)).body == body
+            writer.close()
+
+    run(scenario())
+
+
+def test_expect_continue_is_answered_only_when_the_app_reads_the_body(run: Run) -> None:
+    async def refuse_unread(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/refuse":
+            await send({"type": "http.response.start", "status": 413, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await echo(scope, receive, send)
+
+    async def scenario() -> None:
+        async with serving(refuse_unread) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"POST /read HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n")
+            async with asyncio.timeout(GUARD_S):
+                assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"body")
+            assert (await read_reply(reader)).body == b"body"
+            writer.write(b"POST /refuse HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n")
+            assert (await read_reply(reader)).status == 413  # no 100 Continue before it
+            writer.write(b"body")  # sent anyway, as clients that stop waiting do: skipped over
+            writer.write(post("/after", b"next"))
+            assert (await read_reply(reader)).body == b"next"
+            writer.close()
+
+    run(scenario())
+
+
+def test_head_gets_the_headers_without_the_body(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"HEAD /h HTTP/1.1\r\nhost: t\r\n\r\n" + post("/after", b"next"))
+            async with asyncio.timeout(GUARD_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 0\r\n" in head
+            assert (await read_reply(reader)).body == b"next"  # nothing stray came between them
+            writer.close()
+
+    run(scenario())
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo, timeout_keep_alive=0.05) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/once", b"x"))
+            assert (await read_reply(reader)).body == b"x"
+            assert await closed(reader)
+            silent, _ = await connect(port)  # connected, never asked anything
+            assert await closed(silent)
+
+    run(scenario())
+
+
+# -- streams -----------------------------------------------------------------------------
+
+
+def test_each_streamed_piece_reaches_the_client_before_the_next_is_sent(run: Run) -> None:
+    pieces = [b"data: %d\n\n" % n for n in range(4)]
+
+    async def scenario() -> None:
+        go = [asyncio.Event() for _ in pieces]
+
+        async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await read_all(receive)
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            for piece, event in zip(pieces, go, strict=True):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+                await event.wait()
+            await send({"type": "http.response.body", "body": b""})
+
+        async with serving(streaming) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/s", b""))
+            async with asyncio.timeout(GUARD_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert b"transfer-encoding: chunked\r\n" in head
+                for piece, event in zip(pieces, go, strict=True):
+                    assert await reader.readuntil(b"\r\n") == b"%x\r\n" % len(piece)
+                    assert await reader.readexactly(len(piece) + 2) == piece + b"\r\n"
+                    event.set()
+                assert await reader.readexactly(5) == b"0\r\n\r\n"
+            writer.close()
+
+    run(scenario())
+
+
+def test_the_app_hears_of_a_client_that_hangs_up_mid_stream(run: Run) -> None:
+    async def scenario() -> None:
+        heard = asyncio.get_running_loop().create_future()
+
+        async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await read_all(receive)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"first", "more_body": True})
+            heard.set_result((await receive())["type"])
+            await send({"type": "http.response.body", "body": b"dropped", "more_body": True})  # not an error
+
+        async with serving(streaming) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/s", b""))
+            async with asyncio.timeout(GUARD_S):
+                await reader.readuntil(b"first\r\n")
+                writer.transport.abort()
+                assert await heard == "http.disconnect"
+
+    run(scenario())
+
+
+def test_a_slow_reader_gets_every_byte_of_a_long_stream_in_order(run: Run) -> None:
+    piece = bytes(range(256)) * 256  # 64 KiB a piece, 32 MiB in all: the app must wait for the client
+
+    async def scenario() -> None:
+        async def flood(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for n in range(512):
+                await send({"type": "http.response.body", "body": n.to_bytes(4, "big") + piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async with serving(flood) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n")
+            reply = await read_reply(reader)
+            assert [c[:4] for c in reply.chunks] == [n.to_bytes(4, "big") for n in range(512)]
+            assert all(c[4:] == piece for c in reply.chunks)
+            writer.close()
+
+    run(scenario())
+
+
+def test_an_http_1_0_client_gets_a_stream_delimited_by_the_close(run: Run) -> None:
+    async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b"})
+
+    async def scenario() -> None:
+        async with serving(streaming) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            reply = await read_reply(reader)
+            assert reply.body == b"ab" and "transfer-encoding" not in reply.headers
+            assert reply.headers["connection"] == "close"
+
+    run(scenario())
+
+
+# -- what is refused ---------------------------------------------------------------------
+
+
+def test_bytes_that_are_not_http_get_a_400_and_the_connection_closes(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+            reply = await read_reply(reader)
+            assert reply.status == 400 and b"Invalid HTTP request" in reply.body
+            assert await closed(reader)
+
+    run(scenario())
+
+
+def test_a_head_over_the_bound_gets_a_431(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET / HTTP/1.1\r\nx-big: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n")
+            assert (await read_reply(reader)).status == 431
+            assert await closed(reader)
+
+    run(scenario())
+
+
+def test_an_upgrade_is_not_served_but_the_request_is_answered(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(echo) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET /u HTTP/1.1\r\nhost: t\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n")
+            reply = await read_reply(reader)
+            assert reply.status == 200 and reply.headers["connection"] == "close"
+            assert await closed(reader)
+            reader, writer = await connect(port)
+            writer.write(post("/u", b"{}", "connection: upgrade", "upgrade: websocket"))
+            assert (await read_reply(reader)).status == 400  # its body would be lost
+            assert await closed(reader)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("header", [(b"x-bad", b"a\r\nx-injected: 1"), (b"x bad", b"v"), (b"", b"v")])
+def test_a_header_that_could_split_the_response_is_never_written(run: Run, header: tuple[bytes, bytes]) -> None:
+    async def bad(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [header]})
+        await send({"type": "http.response.body", "body": b"x"})
+
+    async def scenario() -> None:
+        async with serving(bad) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+            reply = await read_reply(reader)
+            assert reply.status == 500 and "x-injected" not in reply.headers
+            assert await closed(reader)
+
+    run(scenario())
+
+
+def test_an_app_that_fails_before_or_during_its_response(run: Run) -> None:
+    async def failing(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["path"] == "/during":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise RuntimeError("boom")
+
+    async def scenario() -> None:
+        async with serving(failing) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET /before HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert (await read_reply(reader)).status == 500
+            assert await closed(reader)
+            reader, writer = await connect(port)
+            writer.write(b"GET /during HTTP/1.1\r\nhost: t\r\n\r\n")
+            async with asyncio.timeout(GUARD_S):
+                data = await reader.read()  # cut: no last chunk, so the client knows it is incomplete
+            assert data.endswith(b"4\r\npart\r\n")
+
+    run(scenario())
+
+
+def test_graceful_shutdown_lets_the_request_in_progress_finish_then_closes(run: Run) -> None:
+    async def scenario() -> None:
+        release = asyncio.Event()
+        inside = asyncio.Event()
+
+        async def slow(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            inside.set()
+            await release.wait()
+            await echo(scope, receive, send)
+
+        async with serving(slow) as (port, server):
+            reader, writer = await connect(port)
+            writer.write(post("/slow", b"done"))
+            async with asyncio.timeout(GUARD_S):
+                await inside.wait()
+            for connection in list(server.server_state.connections):
+                connection.shutdown()  # what uvicorn's shutdown asks of every connection first
+            release.set()
+            reply = await read_reply(reader)
+            assert reply.body == b"done" and reply.headers["connection"] == "close"
+            assert await closed(reader)
+
+    run(scenario())
