@@ -1,7 +1,7 @@
 """`python -m bench.probe serve ...`: the gateway, with timestamps taken on a call's path.
 
 For `bench/c1_split.py`. It wraps, before the gateway starts, the protocol callbacks of
-uvicorn (the client's side) and of the gateway's upstream client, and the budget hold:
+the gateway's server connection (the client's side) and of its upstream client, and the budget hold:
 - `in`: the client's request bytes reach the gateway;
 - `up_out`: the upstream request is written;
 - `up_in`: the upstream's first bytes are read;
@@ -107,17 +107,17 @@ def _wrap(owner: type, name: str, before: Callable[..., None] | None = None, aft
 
 
 def install(probe: Probe) -> None:
-    from uvicorn.protocols.http import httptools_impl
-
     from gateway.accounting.ahead import HoldsAhead
     from gateway.accounting.books import Accounting
+    from gateway.serving.h1_connection import H1ServerConnection
+    from gateway.serving.h1_exchange import Exchange
     from gateway.upstreams.h1_protocol import H1Connection
 
-    _wrap(httptools_impl.HttpToolsProtocol, "data_received", before=lambda *_: probe.request_arrived())
+    _wrap(H1ServerConnection, "data_received", before=lambda *_: probe.request_arrived())
     _wrap(H1Connection, "send", before=lambda *_: probe.mark("up_out"))
     _wrap(H1Connection, "data_received", before=lambda *_: probe.mark("up_in"))
 
-    send = httptools_impl.RequestResponseCycle.send
+    send = Exchange.send
 
     async def traced_send(self: Any, message: Any) -> None:
         await send(self, message)
@@ -126,7 +126,7 @@ def install(probe: Probe) -> None:
             if not message.get("more_body", False):
                 probe.response_sent()
 
-    httptools_impl.RequestResponseCycle.send = traced_send  # type: ignore[method-assign]
+    Exchange.send = traced_send  # type: ignore[method-assign]
 
     reserve = Accounting.reserve
 

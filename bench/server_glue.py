@@ -1,19 +1,20 @@
-"""What the HTTP server's own Python costs per call: uvicorn against a bare protocol.
+"""What the HTTP server's own Python costs per call: uvicorn's protocol, the gateway's,
+and a bare one.
 
-The gateway is served by uvicorn (httptools parser, uvloop). A server protocol of our
-own is the lever left on the request path that does not change what the gateway does,
-so this measures its ceiling: two servers that answer the benchmark's chat request with
-the same fixed ~1 KB completion and do nothing else, on the gateway's core
-(bench/placement.py), driven at c=1 and c=16 from the other in alternating rounds.
+Three servers answer the benchmark's chat request with the same fixed ~1 KB completion
+and do nothing else, on the gateway's core (bench/placement.py), driven at c=1 and c=16
+from the other in rotating rounds:
 
 - `uvicorn`: a plain ASGI app under `uvicorn.run(loop="uvloop", http="httptools")`,
-  access log off - the gateway's server minus the gateway.
+  access log off.
+- `ours`: the same app and options with `http=H1ServerConnection`, the protocol
+  `gateway serve` runs (gateway/serving/).
 - `bare`: an asyncio protocol on uvloop that feeds the same httptools parser and writes
   the reply from its callback, with nothing in between: no scope, no receive/send
   messages, no task per request. The least any server in Python can cost.
 
-The difference is the most a server of our own could take off a call. Prints one row
-per run and writes bench/out/server-glue-<timestamp>.json.
+Each minus `bare` is what that server's own Python costs a call. Prints one row per run
+and writes bench/out/server-glue-<timestamp>.json.
 
     .venv/bin/python bench/server_glue.py                       # 3 rounds, 5 s per run
     .venv/bin/python bench/server_glue.py --rounds 1 --duration 2
@@ -44,7 +45,7 @@ from bench.report import add_output_options, args_config, markdown_table, run_he
 from bench.stats import summarize
 from bench.workload import chat_body
 
-SERVERS = ("uvicorn", "bare")
+SERVERS = ("uvicorn", "ours", "bare")
 COMPLETION = (b'{"id":"chatcmpl-0","object":"chat.completion","created":0,"model":"bench-model","choices":[{"index":0,'
               b'"message":{"role":"assistant","content":"' + b"word " * 180 + b'"},"finish_reason":"stop"}],'
               b'"usage":{"prompt_tokens":1023,"completion_tokens":20,"total_tokens":1043}}')
@@ -81,11 +82,13 @@ class BareProtocol(asyncio.Protocol):
 
 
 def serve(server: str, port: int) -> None:
-    if server == "uvicorn":
+    if server in ("uvicorn", "ours"):
         import uvicorn
 
-        uvicorn.run(asgi_app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", access_log=False,
-                    log_level="warning")
+        from gateway.serving.h1_connection import H1ServerConnection
+
+        uvicorn.run(asgi_app, host="127.0.0.1", port=port, loop="uvloop", access_log=False, log_level="warning",
+                    http=H1ServerConnection if server == "ours" else "httptools")
         return
 
     async def bare() -> None:
@@ -97,7 +100,7 @@ def serve(server: str, port: int) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of both servers, alternating (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every server, rotating (default 3)")
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each run (default 1)")
     parser.add_argument("--concurrency", default="1,16", help="comma-separated closed-loop concurrencies (default 1,16)")
@@ -142,36 +145,37 @@ def run(args: argparse.Namespace) -> int:
             procs.wait_until(proc, port, "POST", CHAT_PATH, READY_TIMEOUT_S, body, {"Content-Type": "application/json"})
             servers[server] = (proc, Target(server, port, CHAT_PATH, "unused", False, body))
         for round_no in range(1, args.rounds + 1):
-            order = SERVERS if round_no % 2 else SERVERS[::-1]
+            shift = round_no % len(SERVERS)
+            order = SERVERS[shift:] + SERVERS[:shift]
             for concurrency in args.concurrency:
                 for server in order:
                     proc, target = servers[server]
                     result = asyncio.run(measure(proc, target, concurrency, args.warmup, args.duration))
                     rows.append({"round": round_no, "server": server, "concurrency": concurrency, **result})
                     print(markdown_table(COLUMNS, [rows[-1]]).splitlines()[-1], flush=True)
-    summary = [_difference(rows, c) for c in args.concurrency]
+    summary = [_difference(rows, c, server) for c in args.concurrency for server in SERVERS if server != "bare"]
     print("\n" + markdown_table(COLUMNS, rows) + "\n\n" + markdown_table(SUMMARY_COLUMNS, summary))
     report = run_header("server_glue", args_config(args)) | {"pinning": placement.report(place), "runs": rows, "summary": summary}
     print(f"\nJSON: {write_json('server-glue', report, args.out_dir)}")
     return 1 if any(row["errors"] for row in rows) else 0
 
 
-def _difference(rows: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
-    """uvicorn minus bare, per round, at one concurrency: the median over rounds."""
-    def median(server: str, key: str) -> float:
-        values = [r[key] for r in rows if r["server"] == server and r["concurrency"] == concurrency and r["completed"]]
+def _difference(rows: list[dict[str, Any]], concurrency: int, server: str) -> dict[str, Any]:
+    """`server` minus bare at one concurrency, from the medians over rounds."""
+    def median(name: str, key: str) -> float:
+        values = [r[key] for r in rows if r["server"] == name and r["concurrency"] == concurrency and r["completed"]]
         return statistics.median(values) if values else math.nan
 
-    return {"concurrency": concurrency,
-            "p50_ms": round(median("uvicorn", "p50_ms") - median("bare", "p50_ms"), 3),
-            "cpu_us": round(median("uvicorn", "server_cpu_us_per_req") - median("bare", "server_cpu_us_per_req"), 1),
-            "rps_ratio": round(median("uvicorn", "rps") / median("bare", "rps"), 3)}
+    return {"concurrency": concurrency, "server": server,
+            "p50_ms": round(median(server, "p50_ms") - median("bare", "p50_ms"), 3),
+            "cpu_us": round(median(server, "server_cpu_us_per_req") - median("bare", "server_cpu_us_per_req"), 1),
+            "rps_ratio": round(median(server, "rps") / median("bare", "rps"), 3)}
 
 
 COLUMNS = [("round", "round"), ("server", "server"), ("conc", "concurrency"), ("req/s", "rps"), ("p50 ms", "p50_ms"),
            ("p90 ms", "p90_ms"), ("p99 ms", "p99_ms"), ("server CPU us/req", "server_cpu_us_per_req"), ("errors", "errors")]
-SUMMARY_COLUMNS = [("conc", "concurrency"), ("uvicorn minus bare, p50 ms (median of rounds)", "p50_ms"),
-                   ("CPU us/req", "cpu_us"), ("req/s uvicorn / bare", "rps_ratio")]
+SUMMARY_COLUMNS = [("conc", "concurrency"), ("server", "server"), ("minus bare: p50 ms (medians of rounds)", "p50_ms"),
+                   ("CPU us/req", "cpu_us"), ("req/s over bare's", "rps_ratio")]
 
 
 def main(argv: list[str] | None = None) -> int:

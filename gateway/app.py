@@ -50,7 +50,7 @@ class GatewayApp:
             if allowed is not None and scope["method"] not in allowed:
                 await send_error(send, MethodNotAllowed(scope["method"], scope["path"], ", ".join(allowed)))
                 return
-            if scope["path"] == "/healthz":  # HEAD too: uvicorn sends no body
+            if scope["path"] == "/healthz":  # HEAD too: the server sends no body
                 await send_whole(send, 200, LIVE, {})
                 return
         if self._framework is None:

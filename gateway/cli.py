@@ -63,6 +63,8 @@ def uvicorn_config(app: str | GatewayApp, args: argparse.Namespace) -> uvicorn.C
     """`app`: an import string of the app factory (built in each worker process), or the app."""
     import uvicorn
 
+    from gateway.serving.h1_connection import H1ServerConnection
+
     return uvicorn.Config(
         app,
         factory=isinstance(app, str),
@@ -70,7 +72,7 @@ def uvicorn_config(app: str | GatewayApp, args: argparse.Namespace) -> uvicorn.C
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http="httptools",
+        http=H1ServerConnection,  # uvicorn's sockets, workers and lifecycle; the HTTP/1.1 is ours
         access_log=False,
         # Nothing here reads the client's address; rewriting it from X-Forwarded-For on
         # every request is a middleware layer for nothing.

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import GatewayApp, create_app
 from gateway.auth.keys import key_digest, new_api_key
+from gateway.serving.h1_connection import H1ServerConnection
 from gateway.settings import Settings
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
 from gateway.sim.vllm import VllmSimConfig, create_vllm_app
@@ -80,7 +81,9 @@ def run_demo(args: argparse.Namespace) -> int:
     settings = Settings(gateway_policy=policy, gateway_var_dir=var_dir)
 
     def server(app: object, port: int) -> uvicorn.Server:
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",  # type: ignore[arg-type]
+        # The gateway over its own HTTP/1.1 protocol, as `gateway serve`; the simulators over uvicorn's.
+        http = H1ServerConnection if isinstance(app, GatewayApp) else "httptools"
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http=http,  # type: ignore[arg-type]
                                 access_log=False, log_level="warning", timeout_keep_alive=75)
         return uvicorn.Server(config)
 

@@ -11,6 +11,9 @@ from typing import Any
 
 import uvicorn
 
+from gateway.app import GatewayApp
+from gateway.serving.h1_connection import H1ServerConnection
+
 START_TIMEOUT_S = 10.0
 
 
@@ -27,7 +30,9 @@ def run_asgi_in_thread(app: Any) -> Iterator[str]:
     """Serve `app` on 127.0.0.1 (a free port) and yield its base URL, e.g. http://127.0.0.1:PORT.
 
     The socket is bound here (so the port is known) but uvicorn starts listening on it,
-    so a successful connect means the server really accepts connections.
+    so a successful connect means the server really accepts connections. The gateway is
+    served over its own HTTP/1.1 protocol, as `gateway serve` does; other apps (the
+    simulators) over uvicorn's, as `gateway sim` does.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -36,7 +41,7 @@ def run_asgi_in_thread(app: Any) -> Iterator[str]:
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=H1ServerConnection if isinstance(app, GatewayApp) else "httptools",
         lifespan="on",
         access_log=False,
         log_level="warning",
