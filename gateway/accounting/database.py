@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Index, create_engine, event, inspect, text
 from sqlalchemy.schema import CreateIndex
 
+from gateway.accounting import tables
 from gateway.accounting.tables import budgets, metadata, reservations, schema_version, tasks, usage_events
 
 WRITER_LOCK_WAIT_S = 5.0
@@ -56,6 +57,7 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
             conn.exec_driver_sql(begin_statement("sqlite", writer=writer))
 
         return engine
+    tables.for_postgresql()  # the partial indexes' conditions, for whatever builds them on this engine
     return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
 
 

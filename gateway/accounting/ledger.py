@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import ColumnDefault
-from sqlalchemy.dialects import postgresql
 
 from gateway.accounting.native import Native, Row, Staged, insert_sql
 from gateway.accounting.tables import reservations, usage_events
@@ -60,13 +60,20 @@ INSERT_RESERVATION = insert_sql("reservations", [c.name for c in RESERVATION_COL
 # takes the hold, so a refusal writes nothing: the writer may then commit in the same
 # round trip (accounting/writer.py) and hold the budget row's lock for no longer than the
 # server takes. Typed casts: the values come from a SELECT, not a VALUES list.
-_PG = postgresql.dialect()  # type: ignore[no-untyped-call]
-HOLD_AND_RECORD = (
-    f"WITH held AS ({HOLD.replace('WHERE id = :id', 'WHERE id = :budget_id')} RETURNING {LEFT} AS left_pico),"
-    f" recorded AS (INSERT INTO reservations ({', '.join(c.name for c in RESERVATION_COLUMNS)})"
-    f" SELECT {', '.join(f'CAST(:{c.name} AS {c.type.compile(dialect=_PG)})' for c in RESERVATION_COLUMNS)}"
-    " FROM held RETURNING 1) SELECT left_pico FROM held"
-)
+@cache
+def hold_and_record_sql() -> str:
+    # Compiled on first use: importing the dialect is ~70 ms of start-up SQLite never needs.
+    from sqlalchemy.dialects import postgresql
+
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    return (
+        f"WITH held AS ({HOLD.replace('WHERE id = :id', 'WHERE id = :budget_id')} RETURNING {LEFT} AS left_pico),"
+        f" recorded AS (INSERT INTO reservations ({', '.join(c.name for c in RESERVATION_COLUMNS)})"
+        f" SELECT {', '.join(f'CAST(:{c.name} AS {c.type.compile(dialect=dialect)})' for c in RESERVATION_COLUMNS)}"
+        " FROM held RETURNING 1) SELECT left_pico FROM held"
+    )
+
+
 END_AND_SPEND = (f"WITH ended AS ({END_RESERVATION} RETURNING 1), spent AS ("
                  f"{MOVE_TO_SPENT.replace('WHERE id = :id', 'WHERE id = ANY(:budget_ids)')}"
                  " AND EXISTS (SELECT 1 FROM ended) RETURNING 1) SELECT count(*) FROM ended")
@@ -175,7 +182,7 @@ class Ledger:
             expires_at=request.expires_at, settled_pico=None, ended_at=None)
 
         def after_hold(sql: Native, left: Row | None) -> Hold:
-            """After HOLD_AND_RECORD on the one claim (PostgreSQL). Refused, it wrote
+            """After hold_and_record_sql() on the one claim (PostgreSQL). Refused, it wrote
             nothing: then as below - create the budget row, or refuse."""
             if left is not None:
                 return Hold(hold_id, request.amount_pico, request.tokens, (claims[0].budget_id,), left[0])
@@ -202,7 +209,7 @@ class Ledger:
 
         one = None
         if len(claims) == 1 and self.writer.one_trip:
-            one = Staged(HOLD_AND_RECORD, {**row, "budget_id": claims[0].budget_id, "limit": claims[0].limit_pico,
+            one = Staged(hold_and_record_sql(), {**row, "budget_id": claims[0].budget_id, "limit": claims[0].limit_pico,
                                            "amount": request.amount_pico, "margin": request.margin_pico}, after_hold,
                          more=_refused_or_new)
 

@@ -92,6 +92,10 @@ budgets = Table(
 
 OPEN = text("state = 'reserved'")
 WITH_TASK = text("task_id IS NOT NULL")
+# Partial indexes, by name: SQLite's condition is given in the table below, PostgreSQL's
+# by `for_postgresql` when a PostgreSQL schema is created (a `postgresql_where=` here
+# imports that dialect at every start, SQLite or not: ~60 ms of start-up).
+PARTIAL_INDEXES = {"ix_reservations_open": OPEN, "ix_usage_events_task": WITH_TASK}
 
 # Worst-case cost held against budgets before the upstream call; ends exactly once as
 # settled, released or expired.
@@ -116,7 +120,7 @@ reservations = Table(
     when("expires_at"),
     when("ended_at", nullable=True),
     # The sweeper's question - which open holds are past expiry - and nothing else.
-    Index("ix_reservations_open", "expires_at", sqlite_where=OPEN, postgresql_where=OPEN),
+    Index("ix_reservations_open", "expires_at", sqlite_where=OPEN),
 )
 
 # One row per upstream attempt (and per cache hit or tool call), whatever its outcome.
@@ -159,7 +163,7 @@ usage_events = Table(
     short("checks", 300, nullable=True),
     short("escalation", 300, nullable=True),
     Index("ix_usage_day_tenant_model", "day", "tenant", "model"),
-    Index("ix_usage_events_task", "task_id", sqlite_where=WITH_TASK, postgresql_where=WITH_TASK),  # a task's calls
+    Index("ix_usage_events_task", "task_id", sqlite_where=WITH_TASK),  # a task's calls
 )
 
 tasks = Table(
@@ -177,3 +181,11 @@ schema_version = Table(
     count("version", primary_key=True),
     when("applied_at"),
 )
+
+
+def for_postgresql() -> None:
+    """Give the partial indexes their condition on PostgreSQL too (idempotent)."""
+    for table in (reservations, usage_events):
+        for index in table.indexes:
+            if index.name in PARTIAL_INDEXES:
+                index.dialect_options["postgresql"]["where"] = PARTIAL_INDEXES[index.name]

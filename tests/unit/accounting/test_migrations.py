@@ -147,3 +147,14 @@ def test_postgresql_index_left_invalid_by_a_failed_build_is_built_again(postgres
                                    " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'ix_usage_events_task'").one()
     assert row[0] and not row[1] and "(task_id) WHERE (task_id IS NOT NULL)" in row[2]
     engine.dispose()
+
+
+def test_a_new_postgresql_ledger_gets_partial_indexes_as_sqlite_does(postgres_url: str) -> None:
+    engine = make_engine(postgres_url, writer=True)
+    migrate(engine)
+    with engine.connect() as conn:
+        defs = dict(conn.exec_driver_sql("SELECT indexname, indexdef FROM pg_indexes WHERE indexname IN"
+                                         " ('ix_reservations_open', 'ix_usage_events_task')").all())
+    assert "(expires_at) WHERE ((state)::text = 'reserved'::text)" in defs["ix_reservations_open"]
+    assert "(task_id) WHERE (task_id IS NOT NULL)" in defs["ix_usage_events_task"]
+    engine.dispose()
