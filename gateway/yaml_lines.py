@@ -10,6 +10,9 @@ from collections.abc import Iterator
 import yaml
 
 Loc = tuple[str | int, ...]
+# libyaml's parser where PyYAML has it (its wheels do): the same nodes, marks and values
+# as the pure-Python one, ~10x faster (a policy or pricing file: ~0.5 ms against ~5).
+SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> Iterator[tuple[Loc, int, str]]:

@@ -25,7 +25,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from gateway.routing.policy import Name, Strict, Usd
-from gateway.yaml_lines import Loc, dotted, walk
+from gateway.yaml_lines import Loc, SafeLoader, dotted, walk
 
 TOKENS_PER_PRICE_UNIT = 1_000_000
 SECONDS_PER_HOUR = 3600
@@ -197,7 +197,7 @@ def _duplicate_dates(rows: list[DatedPrice]) -> Iterator[str]:
 # ---- YAML with line numbers and exact numbers ---------------------------------------
 
 
-class _DecimalLoader(yaml.SafeLoader):
+class _DecimalLoader(SafeLoader):  # type: ignore[misc,valid-type]
     """SafeLoader that reads YAML floats as `Decimal` (0.075 stays 0.075)."""
 
 

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.routing.policy import Policy
-from gateway.yaml_lines import Loc, dotted, walk
+from gateway.yaml_lines import Loc, SafeLoader, dotted, walk
 
 if TYPE_CHECKING:
     from gateway.accounting.prices import PriceCatalog
@@ -57,21 +57,29 @@ def load_policy_file(path: str | Path, catalog: PriceCatalog | None = None) -> P
     return parse_policy(text, str(path), catalog)
 
 
-def parse_policy(text: str, source: str = "<policy>", catalog: PriceCatalog | None = None) -> Policy:
-    """With a price catalog, a model that has no price anywhere is a problem too."""
+def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
+    """The document, and the line of each key in it (once a duplicate key is ruled out)."""
+    loader = SafeLoader(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
+        root = loader.get_single_node()
+        if root is None:
+            raise PolicyInvalid([PolicyProblem(source, 1, "", "the policy file is empty")])
+        lines: dict[Loc, int] = {}
+        problems = [PolicyProblem(source, line, dotted(loc), msg) for loc, line, msg in walk(root, (), lines)]
+        if problems:
+            raise PolicyInvalid(problems)
+        return loader.construct_document(root), lines  # the nodes just walked: the text is parsed once
+    except yaml.YAMLError as exc:  # a tag no safe loader builds (!!python/object) too
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         raise PolicyInvalid([PolicyProblem(source, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}")]) from exc
-    if root is None:
-        raise PolicyInvalid([PolicyProblem(source, 1, "", "the policy file is empty")])
-    lines: dict[Loc, int] = {}
-    problems = [PolicyProblem(source, line, dotted(loc), msg) for loc, line, msg in walk(root, (), lines)]
-    if problems:
-        raise PolicyInvalid(problems)
-    data = yaml.safe_load(text)
+    finally:
+        loader.dispose()
+
+
+def parse_policy(text: str, source: str = "<policy>", catalog: PriceCatalog | None = None) -> Policy:
+    """With a price catalog, a model that has no price anywhere is a problem too."""
+    data, lines = _parse_yaml(text, source)
     if not isinstance(data, dict):
         raise PolicyInvalid([PolicyProblem(source, 1, "", "the policy must be a mapping of sections")])
     try:

@@ -90,6 +90,17 @@ def test_invalid_yaml_reports_line() -> None:
     assert message.startswith("policy.yaml:3: not valid YAML")
 
 
+def test_a_tag_that_would_run_code_is_refused_with_its_line() -> None:
+    [message] = problems("version: 1\nupstreams: !!python/object/apply:os.system [echo]\n")
+    assert message.startswith("policy.yaml:2: not valid YAML") and "python/object/apply:os.system" in message
+
+
+@pytest.mark.parametrize("url", ["ftp://h/v1", "localhost:9100/v1", "http://", "http://h:99999/v1", "http://h ost/v1"])
+def test_an_upstream_address_that_is_not_an_http_url_is_refused(url: str) -> None:
+    [message] = problems(MINIMAL.replace("http://127.0.0.1:9100/v1", url))
+    assert message.startswith("policy.yaml:5: upstreams.local.base_url")
+
+
 def test_policy_check_exits_1_with_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(MINIMAL.replace("kind: openai", "kind: carrier-pigeon"))
