@@ -1,112 +1,17 @@
 """The gateway's HTTP/1.1 server protocol under uvicorn, on a real loopback socket, on
-both event loops, driven byte by byte from a raw client. Apps wait on events, never on
-the clock; GUARD_S only bounds a wait so that a bug fails the test instead of hanging."""
+both event loops, driven byte by byte from a raw client: requests, keep-alive, what is
+refused, failures and shutdown."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
-import uvloop
 
-from gateway.serving.h1_connection import MAX_HEAD_BYTES, H1ServerConnection
-
-GUARD_S = 10
-Run = Callable[[Coroutine[Any, Any, None]], None]
-App = Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]]
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Run:
-    return uvloop.run if request.param == "uvloop" else asyncio.run  # type: ignore[return-value]
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-    chunks: list[bytes] = field(default_factory=list)
-
-
-@contextlib.asynccontextmanager
-async def serving(app: App, **options: Any) -> AsyncIterator[tuple[int, uvicorn.Server]]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=H1ServerConnection, lifespan="off", log_level="critical",
-                            timeout_graceful_shutdown=GUARD_S, **options)
-    config.load()
-    server = uvicorn.Server(config)
-    # Server.serve's steps without its signal handlers, which belong to the test runner.
-    server.lifespan = config.lifespan_class(config)
-    await server.startup(sockets=[sock])
-    ticking = asyncio.create_task(server.main_loop())  # it renews the date header, and ends on should_exit
-    try:
-        yield sock.getsockname()[1], server
-    finally:
-        server.should_exit = True
-        async with asyncio.timeout(GUARD_S):
-            await ticking
-            await server.shutdown(sockets=[sock])
-        sock.close()
-
-
-async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.open_connection("127.0.0.1", port)
-
-
-async def read_reply(reader: asyncio.StreamReader) -> Reply:
-    async with asyncio.timeout(GUARD_S):
-        head = await reader.readuntil(b"\r\n\r\n")
-        line, *fields = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-        headers = {name.lower(): value.strip() for name, _, value in (f.partition(":") for f in fields)}
-        status = int(line.split(" ")[1])
-        if "content-length" in headers:
-            return Reply(status, headers, await reader.readexactly(int(headers["content-length"])))
-        if headers.get("transfer-encoding") == "chunked":
-            chunks = []
-            while (size := int((await reader.readuntil(b"\r\n")).strip(), 16)) > 0:
-                chunks.append(await reader.readexactly(size))
-                assert await reader.readexactly(2) == b"\r\n"
-            assert await reader.readexactly(2) == b"\r\n"
-            return Reply(status, headers, b"".join(chunks), chunks)
-        return Reply(status, headers, await reader.read())  # delimited by the close
-
-
-async def closed(reader: asyncio.StreamReader) -> bool:
-    async with asyncio.timeout(GUARD_S):
-        return await reader.read() == b""
-
-
-def post(path: str, body: bytes, *extra: str) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "host: t", f"content-length: {len(body)}", *extra]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-async def read_all(receive: Any) -> bytes:
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return body
-
-
-async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Answers with what it was sent, and where."""
-    body = await read_all(receive)
-    where = f"{scope['method']} {scope['path']} {scope['raw_path'].decode()} ?{scope['query_string'].decode()}"
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body)),
-                            (b"x-where", where.encode())]})
-    await send({"type": "http.response.body", "body": body})
-
+from gateway.serving.h1_connection import MAX_HEAD_BYTES
+from tests.support.h1_wire import GUARD_S, closed, connect, echo, post, read_reply, serving
+from tests.unit.serving.conftest import Run
 
 # -- requests and keep-alive ---------------------------------------------------------------
 
@@ -223,99 +128,6 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(run: Run) -> 
             assert await closed(reader)
             silent, _ = await connect(port)  # connected, never asked anything
             assert await closed(silent)
-
-    run(scenario())
-
-
-# -- streams -----------------------------------------------------------------------------
-
-
-def test_each_streamed_piece_reaches_the_client_before_the_next_is_sent(run: Run) -> None:
-    pieces = [b"data: %d\n\n" % n for n in range(4)]
-
-    async def scenario() -> None:
-        go = [asyncio.Event() for _ in pieces]
-
-        async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            await read_all(receive)
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-            for piece, event in zip(pieces, go, strict=True):
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-                await event.wait()
-            await send({"type": "http.response.body", "body": b""})
-
-        async with serving(streaming) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(post("/s", b""))
-            async with asyncio.timeout(GUARD_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-                assert b"transfer-encoding: chunked\r\n" in head
-                for piece, event in zip(pieces, go, strict=True):
-                    assert await reader.readuntil(b"\r\n") == b"%x\r\n" % len(piece)
-                    assert await reader.readexactly(len(piece) + 2) == piece + b"\r\n"
-                    event.set()
-                assert await reader.readexactly(5) == b"0\r\n\r\n"
-            writer.close()
-
-    run(scenario())
-
-
-def test_the_app_hears_of_a_client_that_hangs_up_mid_stream(run: Run) -> None:
-    async def scenario() -> None:
-        heard = asyncio.get_running_loop().create_future()
-
-        async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            await read_all(receive)
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"first", "more_body": True})
-            heard.set_result((await receive())["type"])
-            await send({"type": "http.response.body", "body": b"dropped", "more_body": True})  # not an error
-
-        async with serving(streaming) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(post("/s", b""))
-            async with asyncio.timeout(GUARD_S):
-                await reader.readuntil(b"first\r\n")
-                writer.transport.abort()
-                assert await heard == "http.disconnect"
-
-    run(scenario())
-
-
-def test_a_slow_reader_gets_every_byte_of_a_long_stream_in_order(run: Run) -> None:
-    piece = bytes(range(256)) * 256  # 64 KiB a piece, 32 MiB in all: the app must wait for the client
-
-    async def scenario() -> None:
-        async def flood(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            for n in range(512):
-                await send({"type": "http.response.body", "body": n.to_bytes(4, "big") + piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-
-        async with serving(flood) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n")
-            reply = await read_reply(reader)
-            assert [c[:4] for c in reply.chunks] == [n.to_bytes(4, "big") for n in range(512)]
-            assert all(c[4:] == piece for c in reply.chunks)
-            writer.close()
-
-    run(scenario())
-
-
-def test_an_http_1_0_client_gets_a_stream_delimited_by_the_close(run: Run) -> None:
-    async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"a", "more_body": True})
-        await send({"type": "http.response.body", "body": b"b"})
-
-    async def scenario() -> None:
-        async with serving(streaming) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(b"GET / HTTP/1.0\r\n\r\n")
-            reply = await read_reply(reader)
-            assert reply.body == b"ab" and "transfer-encoding" not in reply.headers
-            assert reply.headers["connection"] == "close"
 
     run(scenario())
 

@@ -1,0 +1,102 @@
+"""The gateway's HTTP/1.1 server protocol streaming responses: pieces forwarded as sent,
+hang-ups heard, slow readers, HTTP/1.0."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.support.h1_wire import GUARD_S, connect, post, read_all, read_reply, serving
+from tests.unit.serving.conftest import Run
+
+# -- streams -----------------------------------------------------------------------------
+
+
+def test_each_streamed_piece_reaches_the_client_before_the_next_is_sent(run: Run) -> None:
+    pieces = [b"data: %d\n\n" % n for n in range(4)]
+
+    async def scenario() -> None:
+        go = [asyncio.Event() for _ in pieces]
+
+        async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await read_all(receive)
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            for piece, event in zip(pieces, go, strict=True):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+                await event.wait()
+            await send({"type": "http.response.body", "body": b""})
+
+        async with serving(streaming) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/s", b""))
+            async with asyncio.timeout(GUARD_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert b"transfer-encoding: chunked\r\n" in head
+                for piece, event in zip(pieces, go, strict=True):
+                    assert await reader.readuntil(b"\r\n") == b"%x\r\n" % len(piece)
+                    assert await reader.readexactly(len(piece) + 2) == piece + b"\r\n"
+                    event.set()
+                assert await reader.readexactly(5) == b"0\r\n\r\n"
+            writer.close()
+
+    run(scenario())
+
+
+def test_the_app_hears_of_a_client_that_hangs_up_mid_stream(run: Run) -> None:
+    async def scenario() -> None:
+        heard = asyncio.get_running_loop().create_future()
+
+        async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await read_all(receive)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"first", "more_body": True})
+            heard.set_result((await receive())["type"])
+            await send({"type": "http.response.body", "body": b"dropped", "more_body": True})  # not an error
+
+        async with serving(streaming) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/s", b""))
+            async with asyncio.timeout(GUARD_S):
+                await reader.readuntil(b"first\r\n")
+                writer.transport.abort()
+                assert await heard == "http.disconnect"
+
+    run(scenario())
+
+
+def test_a_slow_reader_gets_every_byte_of_a_long_stream_in_order(run: Run) -> None:
+    piece = bytes(range(256)) * 256  # 64 KiB a piece, 32 MiB in all: the app must wait for the client
+
+    async def scenario() -> None:
+        async def flood(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for n in range(512):
+                await send({"type": "http.response.body", "body": n.to_bytes(4, "big") + piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async with serving(flood) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET /flood HTTP/1.1\r\nhost: t\r\n\r\n")
+            reply = await read_reply(reader)
+            assert [c[:4] for c in reply.chunks] == [n.to_bytes(4, "big") for n in range(512)]
+            assert all(c[4:] == piece for c in reply.chunks)
+            writer.close()
+
+    run(scenario())
+
+
+def test_an_http_1_0_client_gets_a_stream_delimited_by_the_close(run: Run) -> None:
+    async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"a", "more_body": True})
+        await send({"type": "http.response.body", "body": b"b"})
+
+    async def scenario() -> None:
+        async with serving(streaming) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            reply = await read_reply(reader)
+            assert reply.body == b"ab" and "transfer-encoding" not in reply.headers
+            assert reply.headers["connection"] == "close"
+
+    run(scenario())
