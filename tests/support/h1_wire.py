@@ -98,3 +98,15 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
                 "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body)),
                             (b"x-where", where.encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def last_reply(app: App, request: bytes) -> Reply:
+    """Send `request` on a new connection; its reply, once the server has closed the
+    connection after it (a wait bounded by GUARD_S)."""
+    async with serving(app) as (port, _):
+        reader, writer = await connect(port)
+        writer.write(request)
+        reply = await read_reply(reader)
+        assert await closed(reader), "the server kept the connection open"
+        writer.close()
+        return reply

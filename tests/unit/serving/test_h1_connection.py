@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.serving.h1_connection import MAX_HEAD_BYTES
-from tests.support.h1_wire import GUARD_S, closed, connect, echo, post, read_reply, serving
+from tests.support.h1_wire import GUARD_S, closed, connect, echo, last_reply, post, read_reply, serving
 from tests.unit.serving.conftest import Run
 
 # -- requests and keep-alive ---------------------------------------------------------------
@@ -137,23 +137,16 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(run: Run) -> 
 
 def test_bytes_that_are_not_http_get_a_400_and_the_connection_closes(run: Run) -> None:
     async def scenario() -> None:
-        async with serving(echo) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
-            reply = await read_reply(reader)
-            assert reply.status == 400 and b"Invalid HTTP request" in reply.body
-            assert await closed(reader)
+        reply = await last_reply(echo, b"NOT HTTP AT ALL\r\n\r\n")
+        assert reply.status == 400 and b"Invalid HTTP request" in reply.body
 
     run(scenario())
 
 
 def test_a_head_over_the_bound_gets_a_431(run: Run) -> None:
     async def scenario() -> None:
-        async with serving(echo) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(b"GET / HTTP/1.1\r\nx-big: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n")
-            assert (await read_reply(reader)).status == 431
-            assert await closed(reader)
+        reply = await last_reply(echo, b"GET / HTTP/1.1\r\nx-big: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n")
+        assert reply.status == 431
 
     run(scenario())
 
@@ -181,12 +174,8 @@ def test_a_header_that_could_split_the_response_is_never_written(run: Run, heade
         await send({"type": "http.response.body", "body": b"x"})
 
     async def scenario() -> None:
-        async with serving(bad) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
-            reply = await read_reply(reader)
-            assert reply.status == 500 and "x-injected" not in reply.headers
-            assert await closed(reader)
+        reply = await last_reply(bad, b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+        assert reply.status == 500 and "x-injected" not in reply.headers
 
     run(scenario())
 

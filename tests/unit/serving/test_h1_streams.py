@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.support.h1_wire import GUARD_S, connect, post, read_all, read_reply, serving
+from tests.support.h1_wire import GUARD_S, connect, last_reply, post, read_all, read_reply, serving
 from tests.unit.serving.conftest import Run
 
 # -- streams -----------------------------------------------------------------------------
@@ -92,11 +92,8 @@ def test_an_http_1_0_client_gets_a_stream_delimited_by_the_close(run: Run) -> No
         await send({"type": "http.response.body", "body": b"b"})
 
     async def scenario() -> None:
-        async with serving(streaming) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(b"GET / HTTP/1.0\r\n\r\n")
-            reply = await read_reply(reader)
-            assert reply.body == b"ab" and "transfer-encoding" not in reply.headers
-            assert reply.headers["connection"] == "close"
+        reply = await last_reply(streaming, b"GET / HTTP/1.0\r\n\r\n")  # the close ends the body
+        assert reply.body == b"ab" and "transfer-encoding" not in reply.headers
+        assert reply.headers["connection"] == "close"
 
     run(scenario())
