@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 DONE = b"data: [DONE]"
+TAIL_EVENTS = 3
 
 
 class SseRelay:
@@ -38,9 +39,19 @@ class SseRelay:
         self._buffer = data[end + 2 :]
         complete = data[: end + 2]
         if _plain_content(complete):
-            self.events += complete.count(b"\n\n")
-            return complete
-        return b"".join(self._inspect(e) for e in complete.split(b"\n\n") if e)
+            cut = len(complete)
+        else:
+            # A read holding a whole stream (as under load): a stream ends with its finish,
+            # usage and [DONE] events, so when what comes before them is plain content,
+            # only they are parsed.
+            cut = _tail_start(complete, TAIL_EVENTS)
+            if cut and not _plain_content(complete[:cut]):
+                cut = 0
+        plain, rest = complete[:cut], complete[cut:]
+        self.events += plain.count(b"\n\n")
+        if not rest:
+            return plain
+        return plain + b"".join(self._inspect(e) for e in rest.split(b"\n\n") if e)
 
     def _inspect(self, event: bytes) -> bytes:
         self.events += 1
@@ -70,6 +81,16 @@ class SseRelay:
 
     def leftover(self) -> bytes:
         return self._buffer
+
+
+def _tail_start(events: bytes, count: int) -> int:
+    """Where the last `count` events of `events` (which ends with a blank line) begin."""
+    at = len(events) - 2
+    for _ in range(count):
+        at = events.rfind(b"\n\n", 0, at)
+        if at < 0:
+            return 0
+    return at + 2
 
 
 def _plain_content(events: bytes) -> bool:

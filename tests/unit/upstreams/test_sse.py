@@ -59,3 +59,22 @@ def test_content_that_quotes_usage_is_forwarded_and_not_taken_for_usage() -> Non
     assert relay.usage is None and relay.error is None and not relay.done
     assert relay.feed(FINISH + USAGE + DONE) == FINISH + DONE
     assert relay.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+
+def test_a_read_holding_a_whole_stream_is_forwarded_whole_with_its_usage_read() -> None:
+    """Under load one read can hold a whole stream: its content passes untouched, and its
+    finish, usage and end are still seen."""
+    relay = SseRelay(strip_usage_chunk=True)
+    assert relay.feed(CONTENT * 20 + FINISH + USAGE + DONE) == CONTENT * 20 + FINISH + DONE
+    assert relay.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert relay.finish_reason == "stop" and relay.done and relay.events == 23
+
+
+def test_a_finish_before_the_tail_of_a_whole_stream_is_seen() -> None:
+    """With n=2 one choice can finish while the other still streams: that event is not
+    among the last three, and is read all the same."""
+    early = chunk({"choices": [{"index": 1, "delta": {}, "finish_reason": "length"}], "usage": None})
+    relay = SseRelay(strip_usage_chunk=False)
+    stream = CONTENT * 3 + early + CONTENT * 5 + USAGE + DONE
+    assert relay.feed(stream) == stream
+    assert relay.finish_reason == "length" and relay.usage is not None and relay.events == 11
