@@ -101,7 +101,13 @@ def _plain_content(events: bytes) -> bool:
     inside content are escaped (`\\"usage\\"`), so they never match these patterns."""
     if b"[DONE]" in events or b'"error"' in events:
         return False
-    if events.count(b'"usage"') != events.count(b'"usage":null') + events.count(b'"usage": null'):
-        return False
-    reasons = events.count(b'"finish_reason"')
-    return reasons == events.count(b'"finish_reason":null') + events.count(b'"finish_reason": null')
+    return _all_null(events, b'"usage"') and _all_null(events, b'"finish_reason"')
+
+
+def _all_null(events: bytes, key: bytes) -> bool:
+    """Every `key` in `events` has the value null (compact JSON, or with a space)."""
+    total = events.count(key)
+    if not total:
+        return True
+    compact = events.count(key + b":null")  # what OpenAI and vLLM write: the spaced form is counted only if needed
+    return compact == total or compact + events.count(key + b": null") == total
