@@ -26,7 +26,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway.serving.h1_exchange import ASGIApp, Exchange
+from gateway.serving.h1_exchange import ASGIApp, Exchange, plain_response
 
 if TYPE_CHECKING:
     import uvicorn
@@ -39,12 +39,6 @@ HIGH_WATER_BYTES: Final = 64 * 1024
 MAX_HEAD_BYTES: Final = 64 * 1024
 ASGI_VERSION: Final = {"version": "3.0", "spec_version": "2.3"}
 log = logging.getLogger("gateway.serving")
-
-
-def plain_response(status: int, reason: str, text: str) -> bytes:
-    body = text.encode()
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
-            b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(body), body))
 
 
 class H1ServerConnection(asyncio.Protocol):
@@ -122,7 +116,7 @@ class H1ServerConnection(asyncio.Protocol):
             self._upgraded = True
         except httptools.HttpParserError as exc:
             cause = exc.__context__  # what a callback raised, if one did
-            self._refuse(cause if isinstance(cause, Refusal) else Refusal(400, "Bad Request", f"Invalid HTTP request: {exc}"))
+            self._refuse(cause if isinstance(cause, Refusal) else Refusal(400, f"Invalid HTTP request: {exc}"))
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -171,7 +165,7 @@ class H1ServerConnection(asyncio.Protocol):
         if parser.should_upgrade():
             # httptools hands a request that asks to upgrade over without its body.
             if any(name in (b"content-length", b"transfer-encoding") for name, _ in self._headers):
-                raise Refusal(400, "Bad Request", "Upgrade is not served here; send the request without an Upgrade header.")
+                raise Refusal(400, "Upgrade is not served here; send the request without an Upgrade header.")
             keep_alive = False
         exchange = Exchange(self, scope, keep_alive, self._expect_continue)
         self._parsing = exchange
@@ -217,10 +211,9 @@ class H1ServerConnection(asyncio.Protocol):
         lines[1:1] = self._defaults
 
     def body_taken(self) -> None:
+        """The app took the buffered body: read on, unless a pipelined request waits."""
         if self._read_paused and self._active is not None and not self._queued:
             self._resume_reading()
-
-    body_wanted = body_taken
 
     def response_done(self, exchange: Exchange) -> None:
         self._state.total_requests += 1
@@ -261,13 +254,13 @@ class H1ServerConnection(asyncio.Protocol):
     def _refuse(self, refusal: Refusal) -> None:
         log.warning("%d to %s: %s", refusal.status, self._client, refusal.text)
         if self._active is None or not self._active.started:
-            self.write(plain_response(refusal.status, refusal.reason, refusal.text))
+            self.write(plain_response(refusal.status, refusal.text))
         self.close()
 
     def _count_head(self, size: int) -> None:
         self._head_bytes += size
         if self._head_bytes > MAX_HEAD_BYTES:
-            raise Refusal(431, "Request Header Fields Too Large", f"The request head is over {MAX_HEAD_BYTES} bytes.")
+            raise Refusal(431, f"The request head is over {MAX_HEAD_BYTES} bytes.")
 
     def _pause_reading(self) -> None:
         if not self._read_paused and self._transport is not None:
@@ -310,9 +303,9 @@ class Refusal(Exception):
     """Raised in a parser callback: the request is answered with `status` and the
     connection closed."""
 
-    def __init__(self, status: int, reason: str, text: str) -> None:
+    def __init__(self, status: int, text: str) -> None:
         super().__init__(text)
-        self.status, self.reason, self.text = status, reason, text
+        self.status, self.text = status, text
 
 
 def _address(info: Any) -> tuple[str, int] | None:

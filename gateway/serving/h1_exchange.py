@@ -34,6 +34,13 @@ NONE, LENGTH, CHUNKED, CLOSE = "none", "length", "chunked", "close"
 log = logging.getLogger("gateway.serving")
 
 
+def plain_response(status: int, text: str) -> bytes:
+    """A complete text/plain response that closes the connection."""
+    body = text.encode()
+    return (b"%scontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (STATUS_LINES[status], len(body), body))
+
+
 class ResponseError(RuntimeError):
     """The app sent messages that are not a valid HTTP response (the connection closes)."""
 
@@ -170,7 +177,6 @@ class Exchange:
                 self._conn.body_taken()
                 return {"type": "http.request", "body": body, "more_body": self._more_body}
             self._waiter = self._conn.loop.create_future()
-            self._conn.body_wanted()
             try:
                 await self._waiter
             finally:
@@ -249,7 +255,5 @@ class Exchange:
     def _write_internal_error(self) -> None:
         self.keep_alive = False
         self.started = self.complete = True
-        body = b"Internal Server Error"
-        self._conn.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                         b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self._conn.write(plain_response(500, "Internal Server Error"))
         self._conn.response_done(self)
