@@ -45,23 +45,28 @@ class HotPaths:
 
     async def __call__(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         services = self.services
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        metrics = services.metrics
+        metrics.serving += 1  # until the reply is sent to its end (a stream's last event)
         try:
-            raw = await read_body(headers, receive, services.policies.current.policy.defaults.max_body_bytes)
-            reply = await services.pipeline.run(endpoint, raw, headers)
-        except GatewayError as exc:
-            await send_error(send, exc)
-            return
-        except Disconnected:
-            return
-        except Exception:
-            log.exception("unhandled error on POST %s", scope["path"])
-            await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
-            return
-        if isinstance(reply, JsonReply):
-            await send_whole(send, reply.status, reply.body, reply.headers)
-        else:
-            await stream(reply, receive, send)
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            try:
+                raw = await read_body(headers, receive, services.policies.current.policy.defaults.max_body_bytes)
+                reply = await services.pipeline.run(endpoint, raw, headers)
+            except GatewayError as exc:
+                await send_error(send, exc)
+                return
+            except Disconnected:
+                return
+            except Exception:
+                log.exception("unhandled error on POST %s", scope["path"])
+                await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
+                return
+            if isinstance(reply, JsonReply):
+                await send_whole(send, reply.status, reply.body, reply.headers)
+            else:
+                await stream(reply, receive, send)
+        finally:
+            metrics.serving -= 1
 
 
 async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -232,3 +233,23 @@ def test_health_and_readiness(stack: Stack) -> None:
                                          "param": None, "code": "method_not_allowed"}
     ready = httpx.get(root + "/readyz")
     assert ready.status_code == 200 and ready.json()["checks"]["ledger"]["ok"] is True
+
+
+def test_metrics_count_a_stream_in_flight_until_its_last_event(stack: Stack) -> None:
+    def in_flight() -> float:
+        text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("gateway_requests_in_flight ")))
+
+    sim_config(stack.hosted, token_delay_s=0.5)  # the rest of the stream is still to come when we look
+    try:
+        chunks = client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True,  # type: ignore[arg-type]
+                                                       max_tokens=3)
+        next(iter(chunks))
+        assert in_flight() == 1
+        list(chunks)
+    finally:
+        sim_config(stack.hosted, token_delay_s=0.0)
+    deadline = time.monotonic() + 5  # the gateway ends its side just after the client reads [DONE]
+    while in_flight() != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert in_flight() == 0
