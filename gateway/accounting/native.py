@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy.engine.interfaces import DBAPIConnection, DBAPICursor, Dialect
@@ -25,8 +26,18 @@ def _pyformat(sql: str) -> str:
     return NAMED.sub(r"%(\1)s", sql)
 
 
+@dataclass(frozen=True, slots=True)
+class _Numbered:
+    """A statement as SQLite takes it: `:name` as `?N`, and how to pick the values for
+    N's order out of a mapping (one C call)."""
+
+    text: str
+    names: tuple[str, ...]
+    pick: Callable[[Mapping[str, Any]], Any]
+
+
 @lru_cache(maxsize=256)
-def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+def _numbered(sql: str) -> _Numbered:
     """SQLite: `:name` as `?N`, and the names in N's order. The sqlite3 module binds a
     tuple by position; a dict it binds by looking up every parameter's name, which
     costs about as much as the statement (measured: a 32-column event insert took
@@ -36,7 +47,19 @@ def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
     def number(found: re.Match[str]) -> str:
         return f"?{names.setdefault(found.group(1), len(names) + 1)}"
 
-    return NAMED.sub(number, sql), tuple(names)
+    text = NAMED.sub(number, sql)
+    order = tuple(names)
+    return _Numbered(text, order, _picker(order))
+
+
+def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Any]:
+    """`itemgetter` gives a tuple for two names or more; one and none need their own."""
+    if len(names) > 1:
+        return itemgetter(*names)
+    if names:
+        name = names[0]
+        return lambda params: (params[name],)
+    return lambda params: ()
 
 
 class Native:
@@ -68,8 +91,8 @@ class Native:
         """The statement as the driver takes it, and its parameters."""
         if not self._sqlite:
             return self._server_sql(sql), params
-        text, names = _numbered(sql)
-        return text, _positional(names, params)
+        numbered = _numbered(sql)
+        return numbered.text, _positional(numbered, params)
 
     def _server_sql(self, sql: str) -> str:
         return _pyformat(sql) if self._pyformat else sql
@@ -87,8 +110,8 @@ class Native:
         if not self._sqlite:
             self._cursor.executemany(self._server_sql(sql), list(rows))
             return
-        text, names = _numbered(sql)
-        self._cursor.executemany(text, [_positional(names, row) for row in rows])
+        numbered = _numbered(sql)
+        self._cursor.executemany(numbered.text, [_positional(numbered, row) for row in rows])
 
     def fetchone(self, sql: str, params: Mapping[str, Any]) -> Row | None:
         """The first row (as a tuple) of a query, or of an `UPDATE ... RETURNING`."""
@@ -145,17 +168,23 @@ class Staged(Generic[T]):
         return self.finish(sql, sql.fetchone(self.sql, self.params))
 
 
-def _positional(names: tuple[str, ...], params: Mapping[str, Any]) -> tuple[Any, ...]:
-    """SQLite's parameters in `names`' order. Datetimes are stored exactly as SQLAlchemy
-    stores them on SQLite (naive UTC text), so rows written here and rows written
-    through the ORM compare and parse alike."""
+def _positional(numbered: _Numbered, params: Mapping[str, Any]) -> tuple[Any, ...]:
+    """SQLite's parameters in the statement's order. Datetimes are stored exactly as
+    SQLAlchemy stores them on SQLite (naive UTC text), so rows written here and rows
+    written through the ORM compare and parse alike. (A subclass of datetime is not
+    converted: the sqlite3 module then refuses to bind it, loudly.)"""
     try:
-        return tuple(_sqlite_time(v) if isinstance(v := params[name], datetime) else v for name in names)
+        values: tuple[Any, ...] = numbered.pick(params)
     except KeyError as missing:
         raise KeyError(f"no value for the statement's parameter :{missing.args[0]}") from None
+    if datetime in map(type, values):  # in C; most statements carry one or two
+        return tuple([_sqlite_time(v) if type(v) is datetime else v for v in values])
+    return values
 
 
 def _sqlite_time(moment: datetime) -> str:
+    if moment.tzinfo is UTC:  # what the gateway writes: the offset is all there is to drop
+        return moment.isoformat(" ", "microseconds")[:-6]
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC).replace(tzinfo=None)
     return moment.isoformat(" ", "microseconds")

@@ -43,3 +43,13 @@ def test_datetimes_are_stored_as_naive_utc_text_in_every_statement_form(sql: Nat
 def test_a_missing_parameter_is_named_in_the_error(sql: Native) -> None:
     with pytest.raises(KeyError, match=":amount"):
         sql.execute("INSERT INTO holds (id, amount) VALUES (:id, :amount)", {"id": "a"})
+
+
+def test_statements_with_one_parameter_or_none_bind_too(sql: Native) -> None:
+    at = datetime(2026, 12, 1, 9, 0, 0, 5, tzinfo=UTC)
+    sql.execute("INSERT INTO holds (id, at) VALUES ('fixed', :at)", {"at": at})
+    sql.execute("INSERT INTO holds (id, amount) VALUES (:id, 7)", {"id": "single"})
+    assert sql.fetchall("SELECT id, amount, at FROM holds ORDER BY id", {}) == [
+        ("fixed", None, "2026-12-01 09:00:00.000005"), ("single", 7, None)]
+    with pytest.raises(KeyError, match=":id"):
+        sql.execute("DELETE FROM holds WHERE id = :id", {})
