@@ -1,0 +1,95 @@
+"""A streamed reply's relay is cancelled when the client hangs up, whether the relay is
+waiting for the upstream or has just sent its first event."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.api.hot_paths import HangUpWatch
+
+
+class Client:
+    """The ASGI receive side of one request: waits until `hang_up`."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+        self.watched = asyncio.Event()
+        self.receives = 0
+
+    async def receive(self) -> dict[str, Any]:
+        self.receives += 1
+        self.watched.set()
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+
+def test_a_relay_waiting_for_the_upstream_is_cancelled_when_the_client_hangs_up() -> None:
+    asyncio.run(_waiting_relay())
+
+
+async def _waiting_relay() -> None:
+    client = Client()
+    upstream = asyncio.Event()  # never set: the first event does not come
+
+    async def relay() -> str:
+        watch = HangUpWatch(client.receive, asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await upstream.wait()
+            return "finished"
+        except asyncio.CancelledError:
+            assert watch.fired()
+            return "cancelled by the hang-up"
+        finally:
+            await watch.stop()
+
+    task = asyncio.ensure_future(relay())
+    await asyncio.wait_for(client.watched.wait(), 5)  # the watch is on while the relay waits
+    client.gone.set()
+    assert await task == "cancelled by the hang-up"
+
+
+def test_a_relay_done_before_the_loop_turns_starts_no_watch() -> None:
+    asyncio.run(_relay_done_at_once())
+
+
+async def _relay_done_at_once() -> None:
+    client = Client()
+
+    async def relay() -> bool:
+        watch = HangUpWatch(client.receive, asyncio.current_task())  # type: ignore[arg-type]
+        await watch.stop()  # everything was in hand: the reply went out without waiting
+        return watch.fired()
+
+    assert await relay() is False
+    await asyncio.sleep(0)
+    assert client.receives == 0
+
+
+def test_a_cancellation_from_elsewhere_is_not_the_watch_s() -> None:
+    asyncio.run(_cancelled_elsewhere())
+
+
+async def _cancelled_elsewhere() -> None:
+    client = Client()
+    started = asyncio.Event()
+
+    async def relay() -> None:
+        watch = HangUpWatch(client.receive, asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            assert not watch.fired()
+            raise
+        finally:
+            await watch.stop()
+
+    task = asyncio.ensure_future(relay())
+    await started.wait()
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
