@@ -32,7 +32,6 @@ class _Numbered:
     N's order out of a mapping (one C call)."""
 
     text: str
-    names: tuple[str, ...]
     pick: Callable[[Mapping[str, Any]], Any]
 
 
@@ -47,9 +46,8 @@ def _numbered(sql: str) -> _Numbered:
     def number(found: re.Match[str]) -> str:
         return f"?{names.setdefault(found.group(1), len(names) + 1)}"
 
-    text = NAMED.sub(number, sql)
-    order = tuple(names)
-    return _Numbered(text, order, _picker(order))
+    text = NAMED.sub(number, sql)  # fills `names`, in N's order
+    return _Numbered(text, _picker(tuple(names)))
 
 
 def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Any]:

@@ -26,8 +26,7 @@ class Metrics:
         self.estimate_error = TimeTally("gateway_prompt_estimate_ratio", "Reported / estimated prompt tokens", ["model"],
                                         (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0))
         self.cache = CountTally("gateway_response_cache", "Response cache outcomes", ["tenant", "result"])
-        r.register(TallyCollector([self.requests, self.attempts, self.ttft, self.tpot, self.e2e, self.upstream_latency,
-                                   self.tokens, self.estimate_error, self.cache]))
+        r.register(TallyCollector([t for t in vars(self).values() if isinstance(t, CountTally | TimeTally)]))
         # Rare events: plain prometheus_client metrics.
         self.policy_reloads = Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r)
         self.volatile_prefix = Counter("gateway_prompt_prefix_volatile", "Prompts whose prefix holds volatile content",
