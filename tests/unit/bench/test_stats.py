@@ -34,6 +34,7 @@ def test_summary_reports_rate_milliseconds_and_errors() -> None:
     summary = summarize(samples)
     assert summary["completed"] == 100 and summary["rps"] == 50.0
     assert summary["p50_ms"] == pytest.approx(50.5) and summary["p99_ms"] == pytest.approx(99.01)
+    assert summary["p999_ms"] == pytest.approx(99.901) and summary["max_ms"] == pytest.approx(100.0)
     assert summary["ttft_p50_ms"] == pytest.approx(3.0)
     assert summary["errors"] == 3 and summary["error_kinds"] == {"TimeoutError": 1, "http_500": 2}
 
@@ -41,6 +42,7 @@ def test_summary_reports_rate_milliseconds_and_errors() -> None:
 def test_summary_of_an_empty_run_has_no_latencies() -> None:
     summary = summarize(RunSamples(elapsed_s=0.0))
     assert summary["rps"] == 0.0 and math.isnan(summary["p50_ms"]) and math.isnan(summary["ttft_p50_ms"])
+    assert math.isnan(summary["max_ms"])
 
 
 def test_added_latency_is_gateway_minus_direct() -> None:
