@@ -57,7 +57,7 @@ asyncio.run(main())
 
 def test_what_start_up_built_is_kept_out_of_full_collections(tmp_path: Path) -> None:
     # A full collection walks every tracked object and stalls every request meanwhile:
-    # 50-60 ms over what start-up built, every few seconds under load.
+    # 60-70 ms over what start-up built, every 10-20 s under load (bench/gc_pauses.py).
     env = {"PATH": "/usr/bin:/bin", "GATEWAY_POLICY": str(ROOT / "policies" / "minimal.yaml"),
            "GATEWAY_VAR_DIR": str(tmp_path / "var")}
     result = subprocess.run([sys.executable, "-c", LIFESPAN], cwd=ROOT, env=env, capture_output=True, text=True,
