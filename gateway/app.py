@@ -81,6 +81,7 @@ class GatewayApp:
                 await receive()  # lifespan.shutdown
             finally:
                 await services.aclose()
+                gc.unfreeze()  # collectable again, for a process that goes on (an app run in tests)
         except BaseException:
             phase = "shutdown" if started else "startup"
             await send({"type": f"lifespan.{phase}.failed", "message": traceback.format_exc()})

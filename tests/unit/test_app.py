@@ -50,6 +50,7 @@ async def main():
     print(gc.get_freeze_count(), len(gc.get_objects()))
     await inbox.put({"type": "lifespan.shutdown"})
     await lifespan
+    print(gc.get_freeze_count())
 
 asyncio.run(main())
 """
@@ -62,5 +63,6 @@ def test_what_start_up_built_is_kept_out_of_full_collections(tmp_path: Path) -> 
            "GATEWAY_VAR_DIR": str(tmp_path / "var")}
     result = subprocess.run([sys.executable, "-c", LIFESPAN], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120, check=True)
-    frozen, walked = map(int, result.stdout.split())
+    frozen, walked, after_shutdown = map(int, result.stdout.split())
     assert frozen > 20 * walked, f"{walked} objects left for full collections to walk, {frozen} frozen"
+    assert after_shutdown == 0, "an app stopped in a process that goes on leaves nothing frozen"
