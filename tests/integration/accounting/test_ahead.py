@@ -30,6 +30,10 @@ from tests.unit.accounting.test_ledger import NOW, WIDE, with_ledger
 from tests.unit.accounting.test_spool import event
 
 ROOMY = BudgetClaim("tenant:acme:month:2026-11-01", "tenant:acme", "tenant `acme` budget", "2026-11-01", 10**12)
+def SpoolFor(tmp_path: Path) -> SettlementSpool:
+    return SettlementSpool(tmp_path / "var")
+
+
 def key_on(claim: BudgetClaim, key_id: str = "key_1", model: str = "gpt-4o-mini") -> AheadKey:
     return AheadKey("acme", key_id, "chat", model, model, "hosted", claim.budget_id, claim.limit_pico)
 
@@ -61,9 +65,9 @@ def reservations(engine: Engine) -> list[Any]:
 
 async def ready(ahead: HoldsAhead, key: AheadKey = KEY, amount: int = 100, window_s: float = 10.0,
                 claim: BudgetClaim = ROOMY) -> None:
-    """Hold ahead for `key`, and wait until the hold is in."""
+    """Refill `key`'s pool, and wait until the holds are in."""
     ahead.prepare(key, claim, amount, 10, window_s, 60.0)
-    await asyncio.gather(*ahead._making.values())
+    await asyncio.gather(*(refill.made for refill in ahead._making.values()))
 
 
 def test_the_next_matching_request_draws_on_the_hold_and_the_books_name_it(engine: Engine, tmp_path: Path) -> None:
@@ -167,6 +171,53 @@ def test_a_drawn_hold_whose_usage_is_unknown_names_its_request_until_it_expires(
     assert budget(engine) == (0, 200, 2), "an expired hold is charged its worst case, whoever made it"
 
 
+def test_a_pool_drawn_faster_than_it_is_refilled_doubles_and_its_refill_shares_one_commit(engine: Engine,
+                                                                                         tmp_path: Path) -> None:
+    async def main(ledger: Ledger) -> list[tuple[int, int]]:
+        ahead = HoldsAhead(ledger, SpoolFor(tmp_path), max_depth=8)
+        await ready(ahead)  # one hold: a key's pool starts at one
+        seen = []
+        for n in range(4):
+            for i in range(ahead.held()):  # a burst of requests draws the pool empty...
+                assert await ahead.draw(KEY, 80, 8, LATER, f"req_{n}_{i}") is not None
+            ahead.prepare(KEY, ROOMY, 100, 10, 10.0, 60.0)  # ...the last one refills it...
+            # ...and the next comes before that refill is in: it waits for it.
+            assert await ahead.draw(KEY, 80, 8, LATER, f"req_{n}_last") is not None
+            batches = ledger.writer.batches
+            await ready(ahead)  # the request after it refills the pool, as large as it now is
+            seen.append((ahead.held(), ledger.writer.batches - batches))
+        await ahead.drain()
+        return seen
+
+    # (holds ready, commits the refill took): the pool doubles, 1 -> 2 -> 4 -> 8, and
+    # each refill's holds share one commit, however many; at its bound (8 here) the
+    # pool stops growing, and with more than half of it left nothing is made.
+    assert with_ledger(engine, main) == [(2, 1), (4, 1), (8, 1), (7, 0)]
+    # The 19 holds drawn stay held for their requests (which would settle them); the
+    # 7 nobody drew went back, call count included.
+    assert budget(engine) == (19 * 100, 0, 19)
+
+
+def test_a_pool_larger_than_its_demand_halves_as_its_holds_go_unused(engine: Engine, tmp_path: Path) -> None:
+    async def main(ledger: Ledger) -> list[int]:
+        ahead = HoldsAhead(ledger, SpoolFor(tmp_path))
+        await ready(ahead)
+        for n in range(2):  # grown to 4 by two requests that waited for a refill
+            await ahead.draw(KEY, 80, 8, LATER, f"req_{n}a")
+            ahead.prepare(KEY, ROOMY, 100, 10, 0.05, 60.0)
+            await ahead.draw(KEY, 80, 8, LATER, f"req_{n}b")
+        await ready(ahead, window_s=0.05)
+        grown = ahead.held()
+        deadline = time.monotonic() + 10
+        while ahead.held() or ahead._releasing:  # nobody draws: every hold goes back
+            assert time.monotonic() < deadline, "unused holds made ahead must be released"
+            await asyncio.sleep(0.01)
+        await ready(ahead)  # the next refill: as small as the demand turned out
+        return [grown, ahead.held()]
+
+    assert with_ledger(engine, main) == [4, 1]
+
+
 def test_a_failure_to_hold_ahead_costs_the_next_request_nothing_but_the_shortcut(engine: Engine, tmp_path: Path,
                                                                                   caplog: pytest.LogCaptureFixture) -> None:
     class Broken(Ledger):
@@ -193,7 +244,7 @@ def test_a_release_spooled_while_the_ledger_was_down_gives_the_call_back_too(eng
     async def main(ledger: Ledger) -> int:
         ahead = HoldsAhead(ledger, spool)
         await ready(ahead)
-        [unused] = [r.hold for r in ahead._ready.values()]
+        [unused] = [ready.hold for pool in ahead._ready.values() for ready in pool]
         spool.write([unused], 0, 0, [], NOW, unused=True)  # what `_give_back` does when the ledger is down
         return await spool.replay(ledger)
 
