@@ -141,7 +141,7 @@ def install(probe: Probe) -> None:
 
     def count_draw(self: HoldsAhead, key: Any, *_: Any) -> None:
         probe.draws += 1
-        if key in self._making:
+        if key in self._making and key not in self._ready:  # nothing ready: it waits for the refill
             probe.waits += 1
 
     _wrap(HoldsAhead, "draw", before=count_draw)
