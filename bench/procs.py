@@ -119,12 +119,14 @@ def process_tree(pid: int) -> list[int]:
     return pids
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the process tree, from /proc/<pid>/stat."""
+def cpu_seconds(pid: int, *, main_threads: bool = False) -> float:
+    """utime + stime of the process tree, from /proc/<pid>/stat; `main_threads`: of each
+    process's main thread alone (the gateway's event loop), from its task's stat."""
     total = 0
     for member in process_tree(pid):
+        path = f"/proc/{member}/task/{member}/stat" if main_threads else f"/proc/{member}/stat"
         try:
-            stat = Path(f"/proc/{member}/stat").read_text()
+            stat = Path(path).read_text()
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()

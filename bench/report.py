@@ -98,7 +98,8 @@ def markdown_table(columns: Sequence[tuple[str, str]], rows: Iterable[Mapping[st
 RUN_COLUMNS = [
     ("target", "target"), ("mode", "mode"), ("conc", "concurrency"), ("req/s", "rps"),
     ("p50 ms", "p50_ms"), ("p90 ms", "p90_ms"), ("p99 ms", "p99_ms"), ("p99.9 ms", "p999_ms"), ("max ms", "max_ms"),
-    ("TTFT p50 ms", "ttft_p50_ms"), ("errors", "errors"), ("gw CPU ms/req", "gateway_cpu_ms_per_req"), ("sim CPU ms/req", "sim_cpu_ms_per_req"),
+    ("TTFT p50 ms", "ttft_p50_ms"), ("errors", "errors"), ("gw CPU ms/req", "gateway_cpu_ms_per_req"),
+    ("of it, loop / other threads", "gateway_cpu_split"), ("sim CPU ms/req", "sim_cpu_ms_per_req"),
     ("loadgen CPU %", "loadgen_cpu_pct"), ("gw CPU %", "gateway_cpu_pct"), ("others on gw's CPU %", "core_others_pct"),
 ]
 OVERHEAD_COLUMNS = [
