@@ -46,8 +46,9 @@ from gateway.telemetry.ids import IdSource
 
 log = logging.getLogger("gateway.ledger")
 MAX_READY = 1024
-# A key's pool at its largest. At c=16 a pool this size took a quarter of the ledger
-# writer's CPU per call off, against one hold per key (bench/RESULTS.md).
+# A key's pool at its largest. A pool this size took about a third of the ledger
+# writer's CPU per call off, at c=1 and c=16 alike, against one hold per key
+# (bench/RESULTS.md).
 MAX_DEPTH = 32
 
 
