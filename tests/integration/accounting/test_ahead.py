@@ -181,8 +181,11 @@ def test_a_pool_drawn_faster_than_it_is_refilled_doubles_and_its_refill_shares_o
             for i in range(ahead.held()):  # a burst of requests draws the pool empty...
                 assert await ahead.draw(KEY, 80, 8, LATER, f"req_{n}_{i}") is not None
             ahead.prepare(KEY, ROOMY, 100, 10, 10.0, 60.0)  # ...the last one refills it...
-            # ...and the next comes before that refill is in: it waits for it.
-            assert await ahead.draw(KEY, 80, 8, LATER, f"req_{n}_last") is not None
+            # ...and two more come before that refill is in: one waits for it, the
+            # other finds nothing (it holds for itself).
+            waited, missed = await asyncio.gather(ahead.draw(KEY, 80, 8, LATER, f"req_{n}_waits"),
+                                                  ahead.draw(KEY, 80, 8, LATER, f"req_{n}_misses"))
+            assert waited is not None and missed is None
             batches = ledger.writer.batches
             await ready(ahead)  # the request after it refills the pool, as large as it now is
             seen.append((ahead.held(), ledger.writer.batches - batches))
@@ -202,10 +205,12 @@ def test_a_pool_larger_than_its_demand_halves_as_its_holds_go_unused(engine: Eng
     async def main(ledger: Ledger) -> list[int]:
         ahead = HoldsAhead(ledger, SpoolFor(tmp_path))
         await ready(ahead)
-        for n in range(2):  # grown to 4 by two requests that waited for a refill
-            await ahead.draw(KEY, 80, 8, LATER, f"req_{n}a")
+        for n in range(2):  # grown to 4 by two requests that found nothing ready
+            while ahead.held():
+                await ahead.draw(KEY, 80, 8, LATER, f"req_{n}_{ahead.held()}")
             ahead.prepare(KEY, ROOMY, 100, 10, 0.05, 60.0)
-            await ahead.draw(KEY, 80, 8, LATER, f"req_{n}b")
+            await asyncio.gather(ahead.draw(KEY, 80, 8, LATER, f"req_{n}_waits"),
+                                 ahead.draw(KEY, 80, 8, LATER, f"req_{n}_misses"))
         await ready(ahead, window_s=0.05)
         grown = ahead.held()
         deadline = time.monotonic() + 10
