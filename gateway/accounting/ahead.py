@@ -46,9 +46,8 @@ from gateway.telemetry.ids import IdSource
 
 log = logging.getLogger("gateway.ledger")
 MAX_READY = 1024
-# A key's pool at its largest. A pool this size took about a third of the ledger
-# writer's CPU per call off, at c=1 and c=16 alike, against one hold per key
-# (bench/RESULTS.md).
+# A key's pool at its largest. At c=16 pools up to this size took a fifth to a quarter
+# of the ledger writer's CPU per call off, against one hold per key (bench/RESULTS.md).
 MAX_DEPTH = 32
 
 
