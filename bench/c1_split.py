@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
 import sys
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -39,7 +36,6 @@ from bench.stats import added_latency, summarize
 from bench.workload import chat_body
 
 MODES = ("non-stream", "stream")
-DUMP_TIMEOUT_S = 5.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,15 +77,7 @@ class Probed:
 
     def dump(self) -> None:
         assert self.stack.gateway is not None
-        before = self.out.stat().st_mtime_ns if self.out.exists() else 0
-        os.kill(self.stack.gateway.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + DUMP_TIMEOUT_S
-        while not self.out.exists() or self.out.stat().st_mtime_ns == before:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the probed gateway wrote no figures to {self.out}; its log:\n{self.stack.gateway.log_tail()}")
-            time.sleep(0.02)
-        time.sleep(0.05)  # written in one call, but let it finish
-        self.last = json.loads(self.out.read_text())
+        self.last = procs.ask_for_json(self.stack.gateway, self.out)
 
 
 def one_run(workdir: Path, exits: ExitStack, place: Placement | None, sim_port: int, tag: str, budget: bool,

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import signal
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -30,11 +27,11 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` imp
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import uvloop
-import yaml
 
 from bench import placement, procs
-from bench.gwstack import CHAT_PATH, READY_TIMEOUT_S, SIM_KEY, Stack, base_policy, workspace
+from bench.gwstack import CHAT_PATH, Stack, base_policy, workspace
 from bench.loadgen import RawClient, Target, closed_loop
+from bench.placement import Placement
 from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import summarize
 from bench.workload import chat_body
@@ -60,7 +57,6 @@ signal.signal(signal.SIGUSR1, dump)
 from gateway.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-DUMP_TIMEOUT_S = 5.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,48 +75,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class TimedGateway:
-    """A gateway from `tree` whose collections are timed; `pauses()` asks it for them."""
-
-    def __init__(self, stack: Stack, tree: Path, sim_port: int, tag: str) -> None:
-        workdir = stack.workdir
-        self.out = workdir / f"gc{tag}.json"
-        self.port = procs.free_port()
-        policy = workdir / f"policy{tag}.yaml"
-        policy.write_text(yaml.safe_dump(base_policy(sim_port, stack.digest), sort_keys=False))
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_POLICY")}
-        env |= {"GATEWAY_VAR_DIR": str(workdir / f"var{tag}"), "BENCH_SIM_API_KEY": SIM_KEY, "PYTHONPATH": str(tree),
-                "GC_PAUSES_OUT": str(self.out)}
-        argv = [sys.executable, "-P", "-c", TIMED_GATEWAY, "serve", "--policy", str(policy), "--host", "127.0.0.1",
-                "--port", str(self.port)]
-        self.proc = procs.Spawned(f"gateway{tag}", argv, env, workdir, placement.gateway_core(stack.place))
-        stack.exits.callback(self.proc.stop)
-        procs.wait_until(self.proc, self.port, "GET", "/healthz", READY_TIMEOUT_S)
-
-    def pauses(self) -> dict[str, Any]:
-        """The collections since the last call, and it starts over."""
-        before = self.out.stat().st_mtime_ns if self.out.exists() else 0
-        os.kill(self.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + DUMP_TIMEOUT_S
-        while not self.out.exists() or self.out.stat().st_mtime_ns == before:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the gateway wrote no pauses to {self.out}; its log:\n{self.proc.log_tail()}")
-            time.sleep(0.02)
-        report: dict[str, Any] = json.loads(self.out.read_text())
-        return report
-
-
-def one_run(tree: Path, stack: Stack, sim_port: int, tag: str, args: argparse.Namespace,
-            runner: asyncio.Runner) -> dict[str, Any]:
-    gateway = TimedGateway(stack, tree, sim_port, tag)
-    target = Target("gateway", gateway.port, CHAT_PATH, stack.api_key, args.stream, chat_body(args.stream))
+def one_run(tree: Path, workdir: Path, exits: ExitStack, place: Placement | None, sim_port: int, tag: str,
+            args: argparse.Namespace, runner: asyncio.Runner) -> dict[str, Any]:
+    """One gateway from `tree`, its collections timed (TIMED_GATEWAY), under load."""
+    stack = Stack(workdir, exits, place, tag=tag)
+    out = workdir / f"gc{tag}.json"
+    os.environ["GC_PAUSES_OUT"] = str(out)
+    stack.start_gateway(base_policy(sim_port, stack.digest), tree=tree, code=TIMED_GATEWAY)
+    assert stack.gateway is not None
+    target = Target("gateway", stack.gateway_port, CHAT_PATH, stack.api_key, args.stream, chat_body(args.stream))
     try:
         runner.run(closed_loop(RawClient(args.concurrency), target, args.concurrency, args.warmup, 10**9))
-        gateway.pauses()  # start-up and warm-up out
+        procs.ask_for_json(stack.gateway, out)  # start-up and warm-up out
         samples = runner.run(closed_loop(RawClient(args.concurrency), target, args.concurrency, args.duration, 10**9))
-        pauses = gateway.pauses()
+        pauses = procs.ask_for_json(stack.gateway, out)
     finally:
-        gateway.proc.stop()
+        stack.gateway.stop()
     row: dict[str, Any] = {"tree": str(tree), "walked_by_a_full_one": pauses["walked"], "frozen": pauses["frozen"],
                            **{k: v for k, v in summarize(samples).items() if k in ("rps", "p99_ms", "p999_ms", "max_ms")}}
     for generation in ("0", "1", "2"):
@@ -144,13 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = run_header("gc-pauses", config)
     rows: list[dict[str, Any]] = []
     with workspace("gateway-gc-") as workdir, ExitStack() as exits, asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        stack = Stack(workdir, exits, place)
-        sim_port = stack.start_simulator([])
+        sim_port = Stack(workdir, exits, place).start_simulator([])
         placement.join_load_core(place)
         for round_ in range(args.rounds):
             trees = args.tree if round_ % 2 == 0 else list(reversed(args.tree))
             for i, tree in enumerate(trees):
-                rows.append(one_run(tree, stack, sim_port, f"-{round_}-{i}", args, runner))
+                rows.append(one_run(tree, workdir, exits, place, sim_port, f"-{round_}-{i}", args, runner))
     for r in rows:
         r["counts"] = f"{r['gen0']} / {r['gen1']} / {r['gen2']}"
         for g in "012":

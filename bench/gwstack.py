@@ -85,11 +85,13 @@ class Stack:
         return key_digest(self.api_key)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int | None, tree: Path | None = None,
-               module: str = "gateway") -> procs.Spawned:
+               module: str = "gateway", code: str | None = None) -> procs.Spawned:
         """`tree`: a checkout to run the gateway from (-P: its PYTHONPATH comes before the
         working directory and this venv's own install), instead of this one. `module`:
-        what `python -m` runs (`bench.probe` wraps the gateway's CLI)."""
-        python = [sys.executable, "-m", module] if tree is None else [sys.executable, "-P", "-m", module]
+        what `python -m` runs (`bench.probe` wraps the gateway's CLI); `code`, if given,
+        what `python -c` runs instead (a wrapper that must run from any checkout)."""
+        run = ["-m", module] if code is None else ["-c", code]
+        python = [sys.executable, *run] if tree is None else [sys.executable, "-P", *run]
         if tree is not None:
             env = env | {"PYTHONPATH": str(tree)}
         proc = procs.Spawned(f"{name}{self.tag}", [*python, *argv], env, self.workdir, cpu)
@@ -103,9 +105,11 @@ class Stack:
         procs.wait_until(self.sim, self.sim_port, "GET", "/v1/models", READY_TIMEOUT_S)
         return self.sim_port
 
-    def start_gateway(self, policy: dict[str, Any], tree: Path | None = None, module: str = "gateway") -> float:
+    def start_gateway(self, policy: dict[str, Any], tree: Path | None = None, module: str = "gateway",
+                      code: str | None = None) -> float:
         """Writes the policy next to the logs; returns seconds from spawn to /healthz 200.
-        `tree`, `module`: run the gateway from that checkout, through that module (see `_spawn`)."""
+        `tree`, `module`, `code`: run the gateway from that checkout, through that module
+        or code (see `_spawn`)."""
         self.gateway_port = procs.free_port()
         path = self.workdir / f"policy{self.tag}.yaml"
         path.write_text(yaml.safe_dump(policy, sort_keys=False))
@@ -113,7 +117,7 @@ class Stack:
         env |= {"GATEWAY_VAR_DIR": str(self.workdir / f"var{self.tag}"), "BENCH_SIM_API_KEY": SIM_KEY,
                 "GATEWAY_ADMIN_KEY": self.admin_key}
         argv = ["serve", "--policy", str(path), "--host", "127.0.0.1", "--port", str(self.gateway_port)]
-        self.gateway = self._spawn("gateway", argv, env, placement.gateway_core(self.place), tree, module)
+        self.gateway = self._spawn("gateway", argv, env, placement.gateway_core(self.place), tree, module, code)
         return procs.wait_until(self.gateway, self.gateway_port, "GET", "/healthz", READY_TIMEOUT_S)
 
     def client_headers(self) -> dict[str, str]:

@@ -4,6 +4,7 @@ answer, read their CPU time and memory from /proc, and always terminate them."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import time
 import venv
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 POLL_INTERVAL_S = 0.02
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -210,3 +211,21 @@ def pip_install(venv_dir: Path, args: Sequence[str], timeout_s: float) -> None:
     python = str(venv_dir / "bin" / "python")
     subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *args],
                    check=True, timeout=timeout_s)
+
+
+def ask_for_json(proc: Spawned, out: Path, timeout_s: float = 5.0) -> dict[str, Any]:
+    """SIGUSR1 to `proc` (a gateway run through a probe), then the JSON it writes to
+    `out` in answer: read once the file has changed and parses whole."""
+    before = out.stat().st_mtime_ns if out.exists() else 0
+    os.kill(proc.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if out.exists() and out.stat().st_mtime_ns != before:
+            try:
+                report: dict[str, Any] = json.loads(out.read_text())
+                return report
+            except json.JSONDecodeError:
+                pass  # still being written
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.name} wrote nothing to {out}; its log:\n{proc.log_tail()}")
+        time.sleep(0.02)
