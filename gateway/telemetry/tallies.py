@@ -33,13 +33,13 @@ class CountTally:
         self._created: dict[Labels, float] = {}
 
     def inc(self, labels: Labels, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError(f"{self.name}: counters only go up, not by {amount}")
         value = self._values.get(labels)
         if value is None:
-            self._check(labels, amount)
+            _check_labels(self.name, self.labelnames, labels)
             self._created[labels] = time.time()
             value = 0
-        elif amount < 0:
-            raise ValueError(f"{self.name}: counters only go up, not by {amount}")
         self._values[labels] = value + amount
 
     def value(self, labels: Labels) -> float:
@@ -50,12 +50,6 @@ class CountTally:
         for labels, value in list(self._values.items()):
             family.add_metric(list(labels), value, created=self._created[labels])
         return family
-
-    def _check(self, labels: Labels, amount: float) -> None:
-        if len(labels) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes the labels {self.labelnames}, not {labels!r}")
-        if amount < 0:
-            raise ValueError(f"{self.name}: counters only go up, not by {amount}")
 
 
 class TimeTally:
@@ -77,8 +71,7 @@ class TimeTally:
     def observe(self, labels: Labels, value: float) -> None:
         cell = self._cells.get(labels)
         if cell is None:
-            if len(labels) != len(self.labelnames):
-                raise ValueError(f"{self.name} takes the labels {self.labelnames}, not {labels!r}")
+            _check_labels(self.name, self.labelnames, labels)
             cell = self._cells[labels] = [0] * (len(self._bounds) + 2)
             self._created[labels] = time.time()
         cell[bisect_left(self._bounds, value)] += 1
@@ -99,6 +92,12 @@ class TimeTally:
             family.samples.append(Sample(f"{self.name}_created", dict(zip(self.labelnames, labels, strict=True)),
                                          self._created[labels]))
         return family
+
+
+def _check_labels(name: str, labelnames: list[str], labels: Labels) -> None:
+    """Once per new label set, as prometheus_client checks them on `labels()`."""
+    if len(labels) != len(labelnames):
+        raise ValueError(f"{name} takes the labels {labelnames}, not {labels!r}")
 
 
 class TallyCollector(Collector):
