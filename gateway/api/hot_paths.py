@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from gateway.caching.replay import DONE_EVENT
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.pipeline.runner import JsonReply, StreamReply
 from gateway.services import Services
@@ -107,15 +108,26 @@ async def stream(reply: StreamReply, receive: Receive, send: Send) -> None:
     """Relay the reply's events as they come, in this task, so the first one goes out
     without a hand-off to another. A client that hangs up cancels the relay (see
     `HangUpWatch`), whose cleanup closes the upstream connection (so vLLM aborts the
-    work)."""
+    work).
+
+    The `[DONE]` event waits for the reply's end (the upstream's end of body, normally
+    in the same read or the next), so that both leave in one write: a client's stream
+    ends when its body does (the openai SDK reads to there), one system call sooner."""
     await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
     relay = asyncio.current_task()
     assert relay is not None
     watch = HangUpWatch(receive, relay)
     try:
+        last = b""  # the events ending in [DONE]: they go out with the body's end, in one write
         async for chunk in reply.chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
+            if last:
+                await send({"type": "http.response.body", "body": last, "more_body": True})
+            if chunk.endswith(DONE_EVENT):
+                last = chunk
+            else:
+                last = b""
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": last})
     except asyncio.CancelledError:
         if not watch.fired():  # not the watcher's doing
             raise

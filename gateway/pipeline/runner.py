@@ -367,5 +367,6 @@ def _timeout_s(headers: Mapping[str, str], default: float) -> float:
 
 
 async def _replay(events: list[bytes]) -> AsyncIterator[bytes]:
-    for event in events:
-        yield event
+    """A stored answer's events, all in hand: they go to the client in one write, not
+    one each (the client reads the same events, split as a live stream splits them)."""
+    yield b"".join(events)
