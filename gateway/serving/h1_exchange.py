@@ -4,9 +4,9 @@ the app is given, and the bytes they put on the wire.
 The response head is encoded without regular expressions: header names are checked
 against the token characters and values for CR, LF and NUL with `bytes.translate`,
 one C call each (uvicorn's two regex searches per header were ~20 us of every
-response's start on the gateway's path). A response with a length waits for its first
-body message, so that head and body leave in one write (one syscall, one segment); a
-chunked one (a stream) sends its head at once."""
+response's start on the gateway's path). A response's head waits for its first body
+message, so that head and body leave in one write (one syscall, one segment); a
+chunked one (a stream) waits only until the loop's next turn."""
 
 from __future__ import annotations
 
@@ -220,11 +220,17 @@ class Exchange:
         if not self.keep_alive and not close:
             lines.append(b"connection: close\r\n")
         lines.append(b"\r\n")
-        head = b"".join(lines)
+        self._head = b"".join(lines)
         if self._framing is CHUNKED:
-            self._conn.write(head)  # a stream's head goes out now, not with its first event
-        else:
-            self._head = head
+            # A stream's head goes out with its first event when that is in hand this turn,
+            # and on its own at the loop's next turn when it is not (the client sees the
+            # stream open while the upstream thinks).
+            self._conn.loop.call_soon(self._send_head)
+
+    def _send_head(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self.disconnected:
+            self._conn.write(head)
 
     def _body(self, body: bytes, more: bool) -> None:
         out = self._head or b""

@@ -42,6 +42,30 @@ def test_each_streamed_piece_reaches_the_client_before_the_next_is_sent(run: Run
     run(scenario())
 
 
+def test_a_stream_s_head_reaches_the_client_while_the_app_waits_for_its_first_piece(run: Run) -> None:
+    async def scenario() -> None:
+        head_read = asyncio.Event()
+
+        async def thinking(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await read_all(receive)
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            await head_read.wait()  # the first piece comes only once the client has the head
+            await send({"type": "http.response.body", "body": b"data: 0\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async with serving(thinking) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/s", b""))
+            async with asyncio.timeout(GUARD_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"transfer-encoding: chunked\r\n" in head
+                head_read.set()
+                assert await reader.readexactly(len(b"9\r\ndata: 0\n\n\r\n0\r\n\r\n")) == b"9\r\ndata: 0\n\n\r\n0\r\n\r\n"
+            writer.close()
+
+    run(scenario())
+
+
 def test_the_app_hears_of_a_client_that_hangs_up_mid_stream(run: Run) -> None:
     async def scenario() -> None:
         heard = asyncio.get_running_loop().create_future()
