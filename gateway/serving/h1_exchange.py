@@ -6,7 +6,8 @@ against the token characters and values for CR, LF and NUL with `bytes.translate
 one C call each (uvicorn's two regex searches per header were ~20 us of every
 response's start on the gateway's path). A response's head waits for its first body
 message, so that head and body leave in one write (one syscall, one segment); a
-chunked one (a stream) waits only until the loop's next turn."""
+stream's (chunked, or to an HTTP/1.0 client until the close) waits only until the loop's
+next turn."""
 
 from __future__ import annotations
 
@@ -221,7 +222,7 @@ class Exchange:
             lines.append(b"connection: close\r\n")
         lines.append(b"\r\n")
         self._head = b"".join(lines)
-        if self._framing is CHUNKED:
+        if self._framing is CHUNKED or self._framing is CLOSE:
             # A stream's head goes out with its first event when that is in hand this turn,
             # and on its own at the loop's next turn when it is not (the client sees the
             # stream open while the upstream thinks).
