@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import anyio
 import orjson
 
+from gateway.caching.replay import DONE_EVENT
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.routing.resolved import ModelTarget
@@ -131,10 +132,12 @@ async def relay_stream(
     finish: Callable[[RequestContext], Awaitable[None]],
     keep: bytearray | None = None,
     before_done: Callable[[], Awaitable[None]] | None = None,
+    alone: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[bytes]:
     """Relay upstream events as they complete. `keep` collects them (up to a bound) and
     `before_done` runs once the answer is complete but before the client sees [DONE],
-    so a cached copy exists by the time the client can ask again."""
+    so a cached copy exists by the time the client can ask again. `alone`: whether this
+    is the only call in flight (see below)."""
     relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
     timeline = attempt.timeline
     # The upstream holds the stream to the deadline it was opened with (one timer for
@@ -156,6 +159,15 @@ async def relay_stream(
                         keep = None
                     else:
                         keep += out
+                if relay.done and len(out) > len(DONE_EVENT) and out.endswith(DONE_EVENT) and alone():
+                    # The answer's last events and [DONE] in one read. [DONE] waits for the
+                    # reply's end (api/hot_paths.py), after the upstream's last read and this
+                    # call's books; the events need not: with no other call in flight they go
+                    # out now, in a write of their own. Under load, where a whole stream often
+                    # comes in one read, the one write is worth more (8 % of streamed calls
+                    # per second at c=16 on this project's machines).
+                    yield out[: -len(DONE_EVENT)]
+                    out = DONE_EVENT
                 if relay.done and before_done is not None and relay.error is None:
                     if relay.usage is not None:
                         attempt.usage = Usage.from_openai(relay.usage)

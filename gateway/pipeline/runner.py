@@ -289,7 +289,9 @@ class Pipeline:
                     body["usage"] = attempt.usage.as_openai()
                 await self.remember(ctx, body, orjson.dumps(body))
 
-        relay = forward.relay_stream(ctx, attempt, stream, done, relayed, cache_complete_answer if relayed is not None else None)
+        metrics = self.parts.metrics
+        relay = forward.relay_stream(ctx, attempt, stream, done, relayed, cache_complete_answer if relayed is not None else None,
+                                     alone=lambda: metrics.serving <= 1)
         return StreamReply(relay, self.response_headers(ctx))
 
     async def remember(self, ctx: RequestContext, body: dict[str, Any], raw: bytes) -> None:
