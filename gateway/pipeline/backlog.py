@@ -33,7 +33,16 @@ class Backlog:
         """Run `item` at the next upstream wait, or within `max_delay_s`."""
         self._items.append(item)
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.max_delay_s, self.run)
+            self._timer = asyncio.get_running_loop().call_later(self.max_delay_s, self._due)
+
+    def _due(self) -> None:
+        """The delay is over: run behind what is already waiting to run. uvloop runs due
+        timers before the callbacks queued in the last turn - among them the first step
+        of a request that has just arrived, which would otherwise wait for these books
+        (0.2-0.3 ms at one call at a time, measured when the timer fell due as a request
+        came in)."""
+        self._timer = None
+        asyncio.get_running_loop().call_soon(self.run)
 
     def soon(self) -> None:
         """About to wait on an upstream: run what is waiting once the request is sent."""

@@ -4,8 +4,10 @@ and one failing item costs the others nothing."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
+import uvloop
 
 from gateway.pipeline.backlog import Backlog
 
@@ -33,6 +35,24 @@ def test_work_runs_within_its_delay_when_no_request_comes() -> None:
         return ran.is_set()
 
     assert asyncio.run(main())
+
+
+def test_a_request_that_arrives_as_the_delay_ends_goes_before_the_books() -> None:
+    """On the gateway's loop (uvloop), a due timer runs before what the last turn queued."""
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        backlog, order = Backlog(max_delay_s=0.001), []
+        backlog.add(lambda: order.append("books"))
+        time.sleep(0.002)  # busy past the delay; then a request's first step is queued
+        loop.call_soon(lambda: order.append("request"))
+        async with asyncio.timeout(10):
+            while len(backlog):
+                await asyncio.sleep(0.001)
+        return order
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(main()) == ["request", "books"]
 
 
 def test_one_failing_item_does_not_cost_the_others(caplog: pytest.LogCaptureFixture) -> None:
