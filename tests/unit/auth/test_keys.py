@@ -16,6 +16,17 @@ def test_minted_key_is_found_only_by_its_digest() -> None:
     assert index.lookup(key_digest(key)) is None  # the digest itself is not a key
 
 
+def test_a_key_used_before_is_found_again_and_near_misses_still_are_not() -> None:
+    acme, other = new_api_key(), new_api_key()
+    index = KeyIndex({"acme": [key_digest(acme)], "other": [key_digest(other)]})
+    first = index.lookup(acme)
+    assert first is not None and index.lookup(acme) == first
+    assert index.lookup(acme[:-1]) is None and index.lookup(acme + " ") is None and index.lookup(acme.upper()) is None
+    found = index.lookup(other)
+    assert found is not None and found.tenant == "other" and index.lookup(other) == found
+    assert KeyIndex({"other": [key_digest(other)]}).lookup(acme) is None  # a policy without the key refuses it
+
+
 def test_keys_new_prints_key_and_policy_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["keys", "new", "--tenant", "acme"]) == 0
     out = capsys.readouterr().out
