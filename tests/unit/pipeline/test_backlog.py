@@ -39,16 +39,22 @@ def test_work_runs_within_its_delay_when_no_request_comes() -> None:
 
 def test_a_request_that_arrives_as_the_delay_ends_goes_before_the_books() -> None:
     """On the gateway's loop (uvloop), a due timer runs before what the last turn queued."""
+    order: list[str] = []
+
+    def busy_past_the_delay_as_a_request_arrives(loop: asyncio.AbstractEventLoop) -> None:
+        time.sleep(0.002)
+        loop.call_soon(lambda: order.append("request"))  # the request's first step, queued
 
     async def main() -> list[str]:
-        loop = asyncio.get_running_loop()
-        backlog, order = Backlog(max_delay_s=0.001), []
-        backlog.add(lambda: order.append("books"))
-        time.sleep(0.002)  # busy past the delay; then a request's first step is queued
-        loop.call_soon(lambda: order.append("request"))
-        async with asyncio.timeout(10):
-            while len(backlog):
-                await asyncio.sleep(0.001)
+        backlog, booked = Backlog(max_delay_s=0.001), asyncio.Event()
+
+        def books() -> None:
+            order.append("books")
+            booked.set()
+
+        backlog.add(books)
+        busy_past_the_delay_as_a_request_arrives(asyncio.get_running_loop())
+        await asyncio.wait_for(booked.wait(), timeout=10)
         return order
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

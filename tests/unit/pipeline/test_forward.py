@@ -22,6 +22,7 @@ class Upstream:
     """An upstream stream that hands over its reads as given."""
 
     def __init__(self, *reads: bytes) -> None:
+        self.status, self.headers, self.replica = 200, {"content-type": "text/event-stream"}, "http://upstream"
         self.reads = reads
         self.closed = False
 
