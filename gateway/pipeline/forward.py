@@ -164,8 +164,8 @@ async def relay_stream(
                     # reply's end (api/hot_paths.py), after the upstream's last read and this
                     # call's books; the events need not: with no other call in flight they go
                     # out now, in a write of their own. Under load, where a whole stream often
-                    # comes in one read, the one write is worth more (8 % of streamed calls
-                    # per second at c=16 on this project's machines).
+                    # comes in one read, the one write is worth more: splitting every time
+                    # cost 7.8 % of streamed calls per second at c=16 on this project's machines.
                     yield out[: -len(DONE_EVENT)]
                     out = DONE_EVENT
                 if relay.done and before_done is not None and relay.error is None:
