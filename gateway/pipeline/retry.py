@@ -32,7 +32,10 @@ class Retrier:
         self._task_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
 
     def _budgets(self, ctx: RequestContext, upstream: str, config: Retry) -> list[RetryBudget]:
-        budgets = [self._upstream_budgets.setdefault(upstream, RetryBudget(ratio=config.budget_ratio))]
+        shared = self._upstream_budgets.get(upstream)
+        if shared is None:  # not `setdefault`: that would build a budget on every call, to drop it
+            shared = self._upstream_budgets[upstream] = RetryBudget(ratio=config.budget_ratio)
+        budgets = [shared]
         if ctx.task_id is not None:
             task = self._task_budgets.get(ctx.task_id)
             if task is None:
