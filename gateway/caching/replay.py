@@ -174,7 +174,11 @@ class _StreamMerger:
             if self.is_chat is not None and is_chat != self.is_chat:
                 raise _Unusable  # chat and text chunks mixed: not one answer
             self.is_chat = is_chat
-            self.choices.setdefault(choice.get("index", 0), _ChoiceMerger()).add(choice)
+            index = choice.get("index", 0)
+            merger = self.choices.get(index)
+            if merger is None:  # not `setdefault`: that would build a merger for every chunk, to drop it
+                merger = self.choices[index] = _ChoiceMerger()
+            merger.add(choice)
 
     def result(self) -> dict[str, Any] | None:
         if not self.choices or any(c.finish_reason is None for c in self.choices.values()):
