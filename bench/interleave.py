@@ -101,17 +101,18 @@ def _median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 3) if values else float("nan")
 
 
+def _halves(values: list[float]) -> tuple[list[float], list[float]]:
+    """The run's first and second half, in the order the calls were made."""
+    return values[: len(values) // 2], values[len(values) // 2 :]
+
+
 def summary(mode: str, samples: dict[str, RunSamples]) -> list[dict[str, Any]]:
     figures = [("p50", "latencies_s")] + ([("TTFT p50", "ttfts_s")] if mode == "stream" else [])
     rows = []
     for figure, field in figures:
         series = {name: getattr(s, field) for name, s in samples.items()}
         med = {name: _median_ms(values) for name, values in series.items()}
-
-        def half(values: list[float], which: int) -> list[float]:
-            return values[: len(values) // 2] if which == 0 else values[len(values) // 2 :]
-
-        halves = [round(_median_ms(half(series["b"], h)) - _median_ms(half(series["a"], h)), 3) for h in (0, 1)]
+        halves = [round(_median_ms(b) - _median_ms(a), 3) for a, b in zip(_halves(series["a"]), _halves(series["b"]), strict=True)]
         rows.append({"mode": mode, "figure": figure, "direct_ms": med["direct"], "a_ms": med["a"], "b_ms": med["b"],
                      "a_added_ms": round(med["a"] - med["direct"], 3), "b_added_ms": round(med["b"] - med["direct"], 3),
                      "b_minus_a_ms": round(med["b"] - med["a"], 3), "halves": f"{halves[0]} / {halves[1]}"})

@@ -132,7 +132,8 @@ async def relay_stream(
     finish: Callable[[RequestContext], Awaitable[None]],
     keep: bytearray | None = None,
     before_done: Callable[[], Awaitable[None]] | None = None,
-    alone: Callable[[], bool] = lambda: False,
+    *,
+    alone: Callable[[], bool],
 ) -> AsyncIterator[bytes]:
     """Relay upstream events as they complete. `keep` collects them (up to a bound) and
     `before_done` runs once the answer is complete but before the client sees [DONE],
