@@ -112,7 +112,8 @@ def summary(mode: str, samples: dict[str, RunSamples]) -> list[dict[str, Any]]:
     for figure, field in figures:
         series = {name: getattr(s, field) for name, s in samples.items()}
         med = {name: _median_ms(values) for name, values in series.items()}
-        halves = [round(_median_ms(b) - _median_ms(a), 3) for a, b in zip(_halves(series["a"]), _halves(series["b"]), strict=True)]
+        halves = [round(_median_ms(b) - _median_ms(a), 3)
+                  for a, b in zip(_halves(series["a"]), _halves(series["b"]), strict=True)]
         rows.append({"mode": mode, "figure": figure, "direct_ms": med["direct"], "a_ms": med["a"], "b_ms": med["b"],
                      "a_added_ms": round(med["a"] - med["direct"], 3), "b_added_ms": round(med["b"] - med["direct"], 3),
                      "b_minus_a_ms": round(med["b"] - med["a"], 3), "halves": f"{halves[0]} / {halves[1]}"})
