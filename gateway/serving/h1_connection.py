@@ -26,7 +26,7 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway.serving.h1_exchange import ASGIApp, Exchange, plain_response
+from gateway.serving.h1_exchange import HANG_UP, ASGIApp, Exchange, plain_response
 
 if TYPE_CHECKING:
     import uvicorn
@@ -168,6 +168,7 @@ class H1ServerConnection(asyncio.Protocol):
                 raise Refusal(400, "Upgrade is not served here; send the request without an Upgrade header.")
             keep_alive = False
         exchange = Exchange(self, scope, keep_alive, self._expect_continue)
+        scope["extensions"] = {HANG_UP: exchange.on_hang_up}
         self._parsing = exchange
         if self._active is None:
             self._start(exchange)

@@ -6,8 +6,8 @@ against the token characters and values for CR, LF and NUL with `bytes.translate
 one C call each (uvicorn's two regex searches per header were ~20 us of every
 response's start on the gateway's path). A response's head waits for its first body
 message, so that head and body leave in one write (one syscall, one segment); a
-stream's (chunked, or to an HTTP/1.0 client until the close) waits only until the loop's
-next turn."""
+stream's (chunked, or to an HTTP/1.0 client until the close) waits at most
+`STREAM_HEAD_WAIT_S` for it."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ TOKEN: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKL
 FORBIDDEN_IN_VALUE: Final = b"\r\n\0"
 CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 NO_BODY_STATUSES: Final = frozenset({204, 304})
+# How long a stream's head waits for the first event to leave with it. A fast upstream's
+# first event follows its head within a fraction of a millisecond: waiting saves a write
+# (and the client a wake-up) on the way to the first token. A model that thinks longer
+# leaves the client seeing the stream open this much later, long before its first token.
+STREAM_HEAD_WAIT_S: Final = 0.002
+# The scope's extension through which an app asks to be called when its client hangs up,
+# instead of waiting in `receive` for the disconnect in a task of its own:
+# `scope["extensions"][HANG_UP]`, called with a callback (or None, to stop), returns
+# False when the client is gone already.
+HANG_UP: Final = "gateway.hang_up"
 # How a response's body is delimited on the wire.
 NONE, LENGTH, CHUNKED, CLOSE = "none", "length", "chunked", "close"
 log = logging.getLogger("gateway.serving")
@@ -87,7 +97,9 @@ class Exchange:
         "_conn",
         "_framing",
         "_head",
+        "_head_timer",
         "_more_body",
+        "_on_hang_up",
         "_remaining",
         "_waiter",
         "complete",
@@ -113,6 +125,8 @@ class Exchange:
         self.started = False
         self.complete = False
         self._head: bytes | None = None  # encoded, waiting for the first body message
+        self._head_timer: asyncio.TimerHandle | None = None  # a stream's head goes alone when it fires
+        self._on_hang_up: Callable[[], object] | None = None
         self._framing = NONE
         self._remaining = 0  # bytes still owed to a declared content-length
         self.task: asyncio.Task[None] | None = None
@@ -131,9 +145,21 @@ class Exchange:
         self._wake()
 
     def lose(self) -> None:
-        """The client went away: receive reports it, send drops what it is given."""
+        """The client went away: receive reports it, send drops what it is given, and
+        the app's hang-up callback (`HANG_UP`) is called."""
         self.disconnected = True
         self._wake()
+        callback, self._on_hang_up = self._on_hang_up, None
+        if callback is not None:
+            callback()
+
+    def on_hang_up(self, callback: Callable[[], object] | None) -> bool:
+        """Call `callback` when the client goes away, replacing any earlier one (None:
+        none). False, and no call, if it is gone already."""
+        if self.disconnected:
+            return False
+        self._on_hang_up = callback
+        return True
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -223,12 +249,13 @@ class Exchange:
         lines.append(b"\r\n")
         self._head = b"".join(lines)
         if self._framing is CHUNKED or self._framing is CLOSE:
-            # A stream's head goes out with its first event when that is in hand this turn,
-            # and on its own at the loop's next turn when it is not (the client sees the
-            # stream open while the upstream thinks).
-            self._conn.loop.call_soon(self._send_head)
+            # A stream's head goes out with its first event when that comes soon, and on
+            # its own when it does not (the client sees the stream open while the upstream
+            # thinks).
+            self._head_timer = self._conn.loop.call_later(STREAM_HEAD_WAIT_S, self._send_head)
 
     def _send_head(self) -> None:
+        self._head_timer = None
         head, self._head = self._head, None
         if head is not None and not self.disconnected:
             self._conn.write(head)
@@ -236,6 +263,9 @@ class Exchange:
     def _body(self, body: bytes, more: bool) -> None:
         out = self._head or b""
         self._head = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         framing = self._framing
         if framing is CHUNKED:
             if body:

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from gateway.serving import h1_exchange
+from gateway.serving.h1_exchange import HANG_UP
 from tests.support.h1_wire import GUARD_S, connect, last_reply, post, read_all, read_reply, serving
 from tests.unit.serving.conftest import Run
 
@@ -69,6 +71,70 @@ def test_a_stream_s_head_reaches_the_client_while_the_app_waits_for_its_first_pi
                 head_read.set()
                 assert await reader.readexactly(len(rest)) == rest
             writer.close()
+
+    run(scenario())
+
+
+def test_a_stream_s_head_leaves_in_one_write_with_a_first_piece_that_comes_soon(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Longer than any stall between two turns of the loop, so that "soon" is certain here.
+    monkeypatch.setattr(h1_exchange, "STREAM_HEAD_WAIT_S", GUARD_S)
+    piece = b"data: 0\n\n"
+
+    async def scenario() -> None:
+        writes: list[bytes] = []
+        servers: list[Any] = []
+
+        async def quick(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            conn = next(iter(servers[0].server_state.connections))
+            write = conn.write
+
+            def counted(data: bytes) -> None:
+                writes.append(data)
+                write(data)
+
+            conn.write = counted
+            await read_all(receive)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for _ in range(3):
+                await asyncio.sleep(0)  # a few turns of the loop: the head waits meanwhile
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async with serving(quick) as (port, server):
+            servers.append(server)
+            reader, writer = await connect(port)
+            writer.write(post("/s", b""))
+            reply = await read_reply(reader)
+            assert reply.chunks == [piece]
+            assert len(writes) == 2 and writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+            assert writes[0].endswith(b"\r\n\r\n9\r\n%s\r\n" % piece)  # head and first piece together
+            writer.close()
+
+    run(scenario())
+
+
+def test_the_app_is_called_back_when_its_client_hangs_up(run: Run) -> None:
+    async def scenario() -> None:
+        called = asyncio.Event()
+        gone = asyncio.get_running_loop().create_future()
+
+        async def streaming(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await read_all(receive)
+            hang_up = scope["extensions"][HANG_UP]
+            assert hang_up(called.set) is True
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"first", "more_body": True})
+            await called.wait()
+            gone.set_result(hang_up(called.set))  # the client is gone now: no callback taken
+
+        async with serving(streaming) as (port, _):
+            reader, writer = await connect(port)
+            writer.write(post("/s", b""))
+            async with asyncio.timeout(GUARD_S):
+                await reader.readuntil(b"first\r\n")
+                writer.transport.abort()
+                assert await gone is False
 
     run(scenario())
 
