@@ -93,3 +93,71 @@ async def _cancelled_elsewhere() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class Server:
+    """A server that calls the app back on a hang-up (`HANG_UP`), as the gateway's does."""
+
+    def __init__(self, gone: bool = False) -> None:
+        self.gone = gone
+        self.callback: Any = None
+
+    def hang_up(self, callback: Any) -> bool:
+        if self.gone:
+            return False
+        self.callback = callback
+        return True
+
+    def client_leaves(self) -> None:
+        self.gone = True
+        callback, self.callback = self.callback, None
+        callback()
+
+
+def test_with_the_server_s_callback_the_relay_is_cancelled_without_a_task_reading() -> None:
+    asyncio.run(_called_back())
+
+
+async def _called_back() -> None:
+    client, server = Client(), Server()
+    waiting = asyncio.Event()
+
+    async def relay() -> str:
+        watch = HangUpWatch(client.receive, asyncio.current_task(), server.hang_up)  # type: ignore[arg-type]
+        try:
+            waiting.set()
+            await asyncio.Event().wait()
+            return "finished"
+        except asyncio.CancelledError:
+            assert watch.fired()
+            return "cancelled by the hang-up"
+        finally:
+            await watch.stop()
+            assert server.callback is None  # taken back
+
+    task = asyncio.ensure_future(relay())
+    await waiting.wait()
+    assert server.callback is not None
+    server.client_leaves()
+    assert await task == "cancelled by the hang-up"
+    assert client.receives == 0
+
+
+def test_a_client_gone_before_the_watch_cancels_the_relay_at_its_first_wait() -> None:
+    asyncio.run(_gone_already())
+
+
+async def _gone_already() -> None:
+    client, server = Client(), Server(gone=True)
+
+    async def relay() -> bool:
+        watch = HangUpWatch(client.receive, asyncio.current_task(), server.hang_up)  # type: ignore[arg-type]
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return watch.fired()
+        finally:
+            await watch.stop()
+        return False
+
+    assert await relay() is True
