@@ -129,11 +129,8 @@ def test_the_app_is_called_back_when_its_client_hangs_up(run: Run) -> None:
             gone.set_result(hang_up(called.set))  # the client is gone now: no callback taken
 
         async with serving(streaming) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(post("/s", b""))
             async with asyncio.timeout(GUARD_S):
-                await reader.readuntil(b"first\r\n")
-                writer.transport.abort()
+                await hang_up_after_first_piece(port)
                 assert await gone is False
 
     run(scenario())
@@ -151,14 +148,19 @@ def test_the_app_hears_of_a_client_that_hangs_up_mid_stream(run: Run) -> None:
             await send({"type": "http.response.body", "body": b"dropped", "more_body": True})  # not an error
 
         async with serving(streaming) as (port, _):
-            reader, writer = await connect(port)
-            writer.write(post("/s", b""))
             async with asyncio.timeout(GUARD_S):
-                await reader.readuntil(b"first\r\n")
-                writer.transport.abort()
+                await hang_up_after_first_piece(port)
                 assert await heard == "http.disconnect"
 
     run(scenario())
+
+
+async def hang_up_after_first_piece(port: int) -> None:
+    """Ask for a stream, read up to its piece `first`, then drop the connection."""
+    reader, writer = await connect(port)
+    writer.write(post("/s", b""))
+    await reader.readuntil(b"first\r\n")
+    writer.transport.abort()
 
 
 def test_a_slow_reader_gets_every_byte_of_a_long_stream_in_order(run: Run) -> None:
