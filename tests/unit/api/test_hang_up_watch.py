@@ -32,23 +32,25 @@ def test_a_relay_waiting_for_the_upstream_is_cancelled_when_the_client_hangs_up(
 
 async def _waiting_relay() -> None:
     client = Client()
-    upstream = asyncio.Event()  # never set: the first event does not come
-
-    async def relay() -> str:
-        watch = HangUpWatch(client.receive, asyncio.current_task())  # type: ignore[arg-type]
-        try:
-            await upstream.wait()
-            return "finished"
-        except asyncio.CancelledError:
-            assert watch.fired()
-            return "cancelled by the hang-up"
-        finally:
-            await watch.stop()
-
-    task = asyncio.ensure_future(relay())
+    task = asyncio.ensure_future(relay_until_hang_up(client))
     await asyncio.wait_for(client.watched.wait(), 5)  # the watch is on while the relay waits
     client.gone.set()
     assert await task == "cancelled by the hang-up"
+
+
+async def relay_until_hang_up(client: Client, hang_up: Any = None, waiting: asyncio.Event | None = None) -> str:
+    """A relay whose upstream never sends its first event, watched for the hang-up."""
+    watch = HangUpWatch(client.receive, asyncio.current_task(), hang_up)  # type: ignore[arg-type]
+    try:
+        if waiting is not None:
+            waiting.set()
+        await asyncio.Event().wait()
+        return "finished"
+    except asyncio.CancelledError:
+        assert watch.fired()
+        return "cancelled by the hang-up"
+    finally:
+        await watch.stop()
 
 
 def test_a_relay_done_before_the_loop_turns_starts_no_watch() -> None:
@@ -122,24 +124,12 @@ async def _called_back() -> None:
     client, server = Client(), Server()
     waiting = asyncio.Event()
 
-    async def relay() -> str:
-        watch = HangUpWatch(client.receive, asyncio.current_task(), server.hang_up)  # type: ignore[arg-type]
-        try:
-            waiting.set()
-            await asyncio.Event().wait()
-            return "finished"
-        except asyncio.CancelledError:
-            assert watch.fired()
-            return "cancelled by the hang-up"
-        finally:
-            await watch.stop()
-            assert server.callback is None  # taken back
-
-    task = asyncio.ensure_future(relay())
+    task = asyncio.ensure_future(relay_until_hang_up(client, server.hang_up, waiting))
     await waiting.wait()
     assert server.callback is not None
     server.client_leaves()
     assert await task == "cancelled by the hang-up"
+    assert server.callback is None  # taken back
     assert client.receives == 0
 
 
