@@ -18,6 +18,7 @@ from gateway.caching.replay import DONE_EVENT
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.pipeline.runner import JsonReply, StreamReply
 from gateway.services import Services
+from gateway.serving.busy_poll import BusyPoll
 from gateway.serving.h1_exchange import HANG_UP
 
 Scope = MutableMapping[str, Any]
@@ -45,11 +46,15 @@ def hot_endpoint(scope: Scope) -> str | None:
 class HotPaths:
     def __init__(self, services: Services) -> None:
         self.services = services
+        metrics = services.metrics
+        self.busy_poll = BusyPoll(services.settings.gateway_busy_poll_us / 1e6, lambda: metrics.serving)
 
     async def __call__(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         services = self.services
         metrics = services.metrics
         metrics.serving += 1  # until the reply is sent to its end (a stream's last event)
+        touch = self.busy_poll.touch
+        touch()
         try:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             try:
@@ -67,9 +72,10 @@ class HotPaths:
             if isinstance(reply, JsonReply):
                 await send_whole(send, reply.status, reply.body, reply.headers)
             else:
-                await stream(reply, receive, send, scope.get("extensions", {}).get(HANG_UP))
+                await stream(reply, receive, send, scope.get("extensions", {}).get(HANG_UP), touch)
         finally:
             metrics.serving -= 1
+            touch()  # the client's next request may follow at once
 
 
 async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes:
@@ -106,7 +112,8 @@ async def send_error(send: Send, error: GatewayError) -> None:
     await send_whole(send, error.http_status, orjson.dumps(error.body()), error.response_headers())
 
 
-async def stream(reply: StreamReply, receive: Receive, send: Send, hang_up: HangUpHook | None = None) -> None:
+async def stream(reply: StreamReply, receive: Receive, send: Send, hang_up: HangUpHook | None = None,
+                 touch: Callable[[], None] | None = None) -> None:
     """Relay the reply's events as they come, in this task, so the first one goes out
     without a hand-off to another. A client that hangs up cancels the relay (see
     `HangUpWatch`), whose cleanup closes the upstream connection (so vLLM aborts the
@@ -114,7 +121,8 @@ async def stream(reply: StreamReply, receive: Receive, send: Send, hang_up: Hang
 
     The `[DONE]` event waits for the reply's end (the upstream's end of body, normally
     in the same read or the next), so that both leave in one write: a client's stream
-    ends when its body does (the openai SDK reads to there), one system call sooner."""
+    ends when its body does (the openai SDK reads to there), one system call sooner.
+    `touch` is called as each piece comes (see serving/busy_poll.py)."""
     await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
     relay = asyncio.current_task()
     assert relay is not None
@@ -122,6 +130,8 @@ async def stream(reply: StreamReply, receive: Receive, send: Send, hang_up: Hang
     try:
         last = b""  # the events ending in [DONE]: they go out with the body's end, in one write
         async for chunk in reply.chunks:
+            if touch is not None:
+                touch()
             if last:
                 await send({"type": "http.response.body", "body": last, "more_body": True})
             if chunk.endswith(DONE_EVENT):
