@@ -2,9 +2,9 @@
 
 On a virtual machine a core that goes idle halts, and waking it for the next packet
 (the upstream's answer, the client's next request) costs a round trip through the
-hypervisor and a cold cache: on this project's machines that was a tenth of a
-millisecond or more of every call's time to first token at one call at a time, the
-largest single part of what the gateway added there. So while one call alone is in
+hypervisor and a cold cache: polling took 0.03-0.15 ms off the time the gateway adds to
+a first token at one call at a time on this project's machines (bench/RESULTS.md),
+where the guest's own halt-polling is off. So while one call alone is in
 flight, and for `window_s` after its last step, the event loop keeps its core: it turns
 through its events without blocking, yielding the core to any other thread that wants
 it (the ledger writer) on each turn.
