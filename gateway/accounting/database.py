@@ -4,6 +4,8 @@ ordered migrations that keep data across upgrades."""
 from __future__ import annotations
 
 import re
+import sqlite3
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,7 +46,7 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _: Any) -> None:
             cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _wal_mode(cursor, lock_wait_s)
             # FULL: a committed reservation survives power loss, not just a crash.
             cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute(f"PRAGMA busy_timeout={int(lock_wait_s * 1000)}")
@@ -59,6 +61,23 @@ def make_engine(url: str, *, writer: bool = False) -> Engine:
         return engine
     tables.for_postgresql()  # the partial indexes' conditions, for whatever builds them on this engine
     return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+
+
+def _wal_mode(cursor: Any, wait_s: float) -> None:
+    """Put the database in WAL mode, waiting up to `wait_s` for a lock another
+    connection holds. SQLite does not wait for that lock itself: while another process
+    writes to a database not yet in WAL mode (as the first of `--workers N` does while
+    it creates the ledger), the switch fails at once with "database is locked",
+    whatever the busy timeout."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
 
 
 def begin_statement(dialect_name: str, *, writer: bool) -> str:
