@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from gateway.accounting.headroom import AMPLE_HOLDS
 from gateway.accounting.ledger import AHEAD, BudgetClaim, Hold, HoldRequest, Ledger
@@ -51,6 +51,7 @@ from gateway.accounting.writer import LedgerUnavailable, Refusal
 from gateway.telemetry.ids import IdSource
 
 log = logging.getLogger("gateway.ledger")
+_V = TypeVar("_V")
 MAX_READY = 1024
 # A key's pool at its largest. At c=16 pools up to this size took a fifth to a quarter
 # of the ledger writer's CPU per call off, against one hold per key (bench/RESULTS.md).
@@ -135,12 +136,17 @@ class HoldsAhead:
 
     def _grow(self, key: AheadKey, bound: int) -> int:
         """Double the key's pool, up to `bound`; its size."""
-        if len(self._depth) >= self.max_ready and key not in self._depth:
-            self._depth.clear()  # bounded: the keys start over from one hold each
         depth = self._depth.get(key, 1)
         if depth < bound:
-            depth = self._depth[key] = min(bound, 2 * depth)
+            depth = min(bound, 2 * depth)
+            self._remember(self._depth, key, depth)  # when cleared, the keys start over from one hold each
         return depth
+
+    def _remember(self, table: dict[AheadKey, _V], key: AheadKey, value: _V) -> None:
+        """`table[key] = value`, at most `max_ready` keys: a new key past that starts the table over."""
+        if len(table) >= self.max_ready and key not in table:
+            table.clear()
+        table[key] = value
 
     def take(self, key: AheadKey, amount_pico: int, tokens: int, expires_mono: float, request_id: str) -> Hold | None:
         """The oldest hold made ahead for `key` that covers this request, if there is one."""
@@ -179,9 +185,7 @@ class HoldsAhead:
         last = self._refilled.get(key)
         if last is not None and now - last < self.steady_s:
             depth = self._grow(key, STEADY_DEPTH)
-        if len(self._refilled) >= self.max_ready and key not in self._refilled:
-            self._refilled.clear()  # bounded as `_depth` is
-        self._refilled[key] = now
+        self._remember(self._refilled, key, now)
         count = min(depth - have, self.max_ready - self._count)
         if count <= 0:
             return
