@@ -63,7 +63,7 @@ def uvicorn_config(app: str | GatewayApp, args: argparse.Namespace) -> uvicorn.C
     """`app`: an import string of the app factory (built in each worker process), or the app."""
     import uvicorn
 
-    from gateway.serving.h1_connection import H1ServerConnection
+    from gateway.serving.protocol import BoundedHttpProtocol
 
     return uvicorn.Config(
         app,
@@ -72,7 +72,7 @@ def uvicorn_config(app: str | GatewayApp, args: argparse.Namespace) -> uvicorn.C
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http=H1ServerConnection,  # uvicorn's sockets, workers and lifecycle; the HTTP/1.1 is ours
+        http=BoundedHttpProtocol,  # uvicorn's httptools protocol with bounds on the request head
         access_log=False,
         # Nothing here reads the client's address; rewriting it from X-Forwarded-For on
         # every request is a middleware layer for nothing.

@@ -14,7 +14,7 @@ import uvicorn
 
 from gateway.app import GatewayApp, create_app
 from gateway.auth.keys import key_digest, new_api_key
-from gateway.serving.h1_connection import H1ServerConnection
+from gateway.serving.protocol import BoundedHttpProtocol
 from gateway.settings import Settings
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
 from gateway.sim.vllm import VllmSimConfig, create_vllm_app
@@ -82,7 +82,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     def server(app: object, port: int) -> uvicorn.Server:
         # The gateway over its own HTTP/1.1 protocol, as `gateway serve`; the simulators over uvicorn's.
-        http = H1ServerConnection if isinstance(app, GatewayApp) else "httptools"
+        http = BoundedHttpProtocol if isinstance(app, GatewayApp) else "httptools"
         config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http=http,  # type: ignore[arg-type]
                                 access_log=False, log_level="warning", timeout_keep_alive=75)
         return uvicorn.Server(config)

@@ -107,6 +107,21 @@ class UpstreamError(GatewayError):
     retryable = True
 
 
+class UpstreamBadReply(UpstreamError):
+    """The upstream answered, but not with what the gateway accepts: a malformed head, or
+    one over the gateway's bounds. It may have done (and billed) the work, so asking
+    again could be billed again: never retried."""
+
+    code = "upstream_bad_reply"
+    retryable = False
+
+
+class UpstreamReplyTooLarge(UpstreamBadReply):
+    """One streamed event, or a whole body, over the gateway's bound."""
+
+    code = "upstream_reply_too_large"
+
+
 class UpstreamTimeout(GatewayError):
     status = 504
     type = "timeout"

@@ -26,8 +26,6 @@ class Settings(BaseModel):
     gateway_policy_poll_s: float = Field(default=1.0, gt=0)
     gateway_pricing_dir: Path = Field(default=Path(__file__).resolve().parent.parent / "pricing")
     gateway_sweep_interval_s: float = Field(default=30.0, gt=0)
-    gateway_busy_poll_us: int = Field(default=1000, ge=0, le=100_000,
-                                      description="poll this long after each step of a lone call (serving/busy_poll.py); 0: off")
 
     @model_validator(mode="before")
     @classmethod

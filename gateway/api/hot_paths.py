@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
@@ -18,15 +18,12 @@ from gateway.caching.replay import DONE_EVENT
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.pipeline.runner import JsonReply, StreamReply
 from gateway.services import Services
-from gateway.serving.busy_poll import BusyPoll
-from gateway.serving.h1_exchange import HANG_UP
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-HangUpHook = Callable[[Callable[[], object] | None], bool]
 
 HOT = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 JSON = b"application/json"
@@ -46,36 +43,44 @@ def hot_endpoint(scope: Scope) -> str | None:
 class HotPaths:
     def __init__(self, services: Services) -> None:
         self.services = services
-        metrics = services.metrics
-        self.busy_poll = BusyPoll(services.settings.gateway_busy_poll_us / 1e6, lambda: metrics.serving)
 
     async def __call__(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         services = self.services
         metrics = services.metrics
         metrics.serving += 1  # until the reply is sent to its end (a stream's last event)
-        touch = self.busy_poll.touch
-        touch()
         try:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             try:
                 raw = await read_body(headers, receive, services.policies.current.policy.defaults.max_body_bytes)
-                reply = await services.pipeline.run(endpoint, raw, headers)
             except GatewayError as exc:
                 await send_error(send, exc)
                 return
             except Disconnected:
                 return
-            except Exception:
-                log.exception("unhandled error on POST %s", scope["path"])
-                await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
-                return
-            if isinstance(reply, JsonReply):
-                await send_whole(send, reply.status, reply.body, reply.headers)
-            else:
-                await stream(reply, receive, send, scope.get("extensions", {}).get(HANG_UP), touch)
+            # From here on a client that hangs up cancels the call, wherever it is: waiting
+            # in the admission queue, waiting for the upstream (which is then aborted), or
+            # relaying its stream.
+            async with HangUpWatch(receive) as watch:
+                await self._answer(endpoint, scope["path"], raw, headers, send)
+            if watch.fired():
+                log.debug("the client hung up on POST %s", scope["path"])
         finally:
             metrics.serving -= 1
-            touch()  # the client's next request may follow at once
+
+    async def _answer(self, endpoint: str, path: str, raw: bytes, headers: dict[str, str], send: Send) -> None:
+        try:
+            reply = await self.services.pipeline.run(endpoint, raw, headers)
+        except GatewayError as exc:
+            await send_error(send, exc)
+            return
+        except Exception:
+            log.exception("unhandled error on POST %s", path)
+            await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
+            return
+        if isinstance(reply, JsonReply):
+            await send_whole(send, reply.status, reply.body, reply.headers)
+        else:
+            await stream(reply, send)
 
 
 async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes:
@@ -112,26 +117,25 @@ async def send_error(send: Send, error: GatewayError) -> None:
     await send_whole(send, error.http_status, orjson.dumps(error.body()), error.response_headers())
 
 
-async def stream(reply: StreamReply, receive: Receive, send: Send, hang_up: HangUpHook | None = None,
-                 touch: Callable[[], None] | None = None) -> None:
-    """Relay the reply's events as they come, in this task, so the first one goes out
-    without a hand-off to another. A client that hangs up cancels the relay (see
-    `HangUpWatch`), whose cleanup closes the upstream connection (so vLLM aborts the
-    work).
+async def stream(reply: StreamReply, send: Send) -> None:
+    """Relay the reply's events as they come. The head waits for the first event, so an
+    upstream that fails before it (an event over the gateway's bound, say) is still an
+    error with its own status rather than a 200 that breaks off.
 
     The `[DONE]` event waits for the reply's end (the upstream's end of body, normally
     in the same read or the next), so that both leave in one write: a client's stream
-    ends when its body does (the openai SDK reads to there), one system call sooner.
-    `touch` is called as each piece comes (see serving/busy_poll.py)."""
-    await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
-    relay = asyncio.current_task()
-    assert relay is not None
-    watch = HangUpWatch(receive, relay, hang_up)
+    ends when its body does (the openai SDK reads to there)."""
+    chunks = reply.chunks
     try:
+        try:
+            first = await anext(chunks, b"")
+        except GatewayError as exc:
+            await send_error(send, exc)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
         last = b""  # the events ending in [DONE]: they go out with the body's end, in one write
-        async for chunk in reply.chunks:
-            if touch is not None:
-                touch()
+        pending = [first] if first else []
+        async for chunk in _chain(pending, chunks):
             if last:
                 await send({"type": "http.response.body", "body": last, "more_body": True})
             if chunk.endswith(DONE_EVENT):
@@ -140,68 +144,55 @@ async def stream(reply: StreamReply, receive: Receive, send: Send, hang_up: Hang
                 last = b""
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": last})
-    except asyncio.CancelledError:
-        if not watch.fired():  # not the watcher's doing
-            raise
-        relay.uncancel()  # our own cancellation, for the hang-up: the relay is simply over
     except Exception as exc:
         log.warning("stream relay failed: %s", exc)
     finally:
-        await watch.stop()
-        aclose = getattr(reply.chunks, "aclose", None)
+        aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             with contextlib.suppress(Exception):
                 await aclose()
 
 
+async def _chain(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in first:
+        yield chunk
+    async for chunk in rest:
+        yield chunk
+
+
 class HangUpWatch:
-    """Watches for the client hanging up and cancels `relay` when it does.
+    """Cancels the task that entered it when the client hangs up (ASGI's
+    `http.disconnect`), and swallows that cancellation on the way out: the request is
+    simply over. The pipeline's own clean-up books the call and aborts the upstream."""
 
-    A server that offers the `HANG_UP` extension (this project's, gateway/serving) calls
-    the watch back: no task at all. Otherwise a task waits in `receive` for the
-    disconnect. It is started in the loop's next turn, not at once: when the first event
-    is already in hand the relay sends it before that turn comes, so starting a task
-    (~16 us here) is not part of the time to the first token; when the relay has to wait
-    for the upstream, the turn comes at once and the watch is on for the wait."""
-
-    def __init__(self, receive: Receive, relay: asyncio.Task[Any], hang_up: HangUpHook | None = None) -> None:
-        self._receive, self._relay = receive, relay
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
         self._task: asyncio.Task[None] | None = None
-        self._starting: asyncio.Handle | None = None
-        self._hook = hang_up
+        self._owner: asyncio.Task[Any] | None = None
         self._hung_up = False
-        if hang_up is None:
-            self._starting = asyncio.get_running_loop().call_soon(self._start)
-        elif not hang_up(self._on_hang_up):  # gone already
-            self._on_hang_up()
 
-    def _on_hang_up(self) -> None:
-        self._hung_up = True
-        self._relay.cancel()
-
-    def _start(self) -> None:
-        self._starting = None
+    async def __aenter__(self) -> HangUpWatch:
+        self._owner = asyncio.current_task()
         self._task = asyncio.ensure_future(self._watch())
+        return self
 
     async def _watch(self) -> None:
         while (await self._receive())["type"] != "http.disconnect":
             pass
         self._hung_up = True
-        self._relay.cancel()
+        if self._owner is not None:
+            self._owner.cancel()
 
     def fired(self) -> bool:
-        """Whether the relay's cancellation is this watch's doing."""
         return self._hung_up
 
-    async def stop(self) -> None:
-        if self._hook is not None:
-            self._hook(None)
-            self._hook = None
-        if self._starting is not None:
-            self._starting.cancel()
-            self._starting = None
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> bool:
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._hung_up and isinstance(error, asyncio.CancelledError) and self._owner is not None:
+            self._owner.uncancel()
+            return True  # our own cancellation, for the hang-up
+        return False

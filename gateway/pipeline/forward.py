@@ -12,7 +12,7 @@ import anyio
 import orjson
 
 from gateway.caching.replay import DONE_EVENT
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import GatewayError, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
@@ -139,7 +139,7 @@ async def relay_stream(
     `before_done` runs once the answer is complete but before the client sees [DONE],
     so a cached copy exists by the time the client can ask again. `alone`: whether this
     is the only call in flight (see below)."""
-    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage)
+    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage, max_event_bytes=stream.max_event_bytes)
     timeline = attempt.timeline
     # The upstream holds the stream to the deadline it was opened with (one timer for
     # the whole stream): past it, it drops the connection and the read below says so.
@@ -175,6 +175,12 @@ async def relay_stream(
                     hook, before_done = before_done, None
                     await hook()
                 yield out
+        except UpstreamReplyTooLarge as exc:
+            _fail(attempt, exc, status="cut")
+            if timeline.first_token is None:
+                raise  # nothing has reached the client: it gets the 502 itself
+            yield error_event(exc.message, exc.code or "upstream_reply_too_large")
+            return
         except StreamBroken as exc:
             expired = exc.deadline
             if not expired:

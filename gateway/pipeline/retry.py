@@ -66,7 +66,7 @@ class Retrier:
                 except GatewayError as exc:
                     errors.append(exc)
                     kind = _kind(exc)
-                    if not is_retryable(exc.upstream_status, kind):
+                    if not exc.retryable or not is_retryable(exc.upstream_status, kind):
                         raise
                     if exc.upstream_status != 429:  # a 429 is the provider pacing us, handled by its retry-after
                         await self.health.record_failure(target.upstream, config.cooldown_after, config.cooldown_s)

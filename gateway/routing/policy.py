@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, FilePath, field_validator, model_validator
 
 KEY_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
@@ -73,6 +73,13 @@ class Upstream(Strict):
     provider_key_id: str | None = Field(default=None, description="the id the provider's usage reports give the key this upstream uses")
     limits: RateLimits | None = Field(default=None, description="the provider's limits for our key, so we slow down before it says 429")
     prompt_cache_key: bool = Field(default=True, description="kind openai: send a tenant-scoped prompt_cache_key (turn off for servers that reject it)")
+    ca_bundle: FilePath | None = Field(default=None, description="PEM file of the CAs to trust for this upstream instead of the system's")
+    client_cert: FilePath | None = Field(default=None, description="PEM client certificate (mutual TLS); its key too unless client_key is given")
+    client_key: FilePath | None = Field(default=None, description="PEM private key of client_cert")
+    max_response_bytes: Annotated[int, Field(ge=1024)] = Field(
+        default=32 * 1024 * 1024, description="a non-streamed answer larger than this is refused (502), never asked for again")
+    max_event_bytes: Annotated[int, Field(ge=1024)] = Field(
+        default=1024 * 1024, description="one streamed event larger than this ends the stream (502 before it starts)")
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:
@@ -80,6 +87,8 @@ class Upstream(Strict):
             raise ValueError("give exactly one of `base_url` or `replicas`")
         if self.replicas is not None and self.kind != "vllm":
             raise ValueError("`replicas` is only for `kind: vllm`")
+        if self.client_key is not None and self.client_cert is None:
+            raise ValueError("`client_key` needs `client_cert`")
         return self
 
     def urls(self) -> list[str]:

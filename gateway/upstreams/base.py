@@ -28,6 +28,7 @@ class UpstreamStream(Protocol):
     status: int
     headers: dict[str, str]
     replica: str
+    max_event_bytes: int  # the bound on one event of this stream
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 

@@ -1,29 +1,42 @@
-"""HTTP upstreams (any OpenAI-compatible API, and vLLM replicas), on one keep-alive
-connection pool per replica. This is the only module that creates HTTP clients for
-model traffic.
+"""HTTP upstreams (any OpenAI-compatible API, and vLLM replicas) on one aiohttp session
+per upstream, made in `upstreams/sessions.py`: keep-alive pools per origin, TLS and
+proxies as the policy and the environment say, bounded response heads.
 
-The client is our own HTTP/1.1 pool (upstreams/h1.py): measured with
-bench/http_clients.py against the simulator, client CPU per request was ~3.6 ms for
-httpx, ~0.45 ms for aiohttp and ~0.19 ms for h1, and the client is on every upstream
-call."""
+This module bounds what comes back besides the head: a non-streamed body over
+`max_response_bytes` is an `UpstreamReplyTooLarge` (never retried: it would be billed
+again), and the request's deadline bounds everything, streams included."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from gateway.errors import UpstreamError, UpstreamTimeout
+import aiohttp
+
+from gateway.errors import UpstreamBadReply, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.routing.policy import Upstream as UpstreamConfig
 from gateway.upstreams.base import StreamBroken, UpstreamReply
-from gateway.upstreams.h1 import H1DeadlinePassed, H1Error, H1Pool, H1Response
+from gateway.upstreams.sessions import MAX_FIELD_BYTES, MAX_HEADERS, TlsFiles, new_session, proxy_for
+
+# A deadline counts as passed this close to it: the loop's timers round to milliseconds.
+DEADLINE_SLACK_S = 0.005
 
 
 @dataclass(slots=True)
 class _Replica:
     url: str
-    pool: H1Pool
+    proxy: str | None
     in_flight: int = 0
+
+
+def _headers(response: aiohttp.ClientResponse) -> dict[str, str]:
+    """Lower-cased names; a repeated field's values joined with commas, as HTTP allows."""
+    values: dict[str, list[str]] = {}
+    for name, value in response.headers.items():
+        values.setdefault(name.lower(), []).append(value)
+    return {name: ", ".join(parts) for name, parts in values.items()}
 
 
 @dataclass(slots=True)
@@ -31,23 +44,26 @@ class _Stream:
     status: int
     headers: dict[str, str]
     replica: str
-    response: H1Response
+    response: aiohttp.ClientResponse
+    deadline: float
+    max_event_bytes: int
     release: _Replica
     _closed: bool = field(default=False)
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self.response.iter_raw():
+            async for chunk in self.response.content.iter_any():
                 yield chunk
-        except (TimeoutError, H1Error) as exc:
-            raise StreamBroken(type(exc).__name__, deadline=isinstance(exc, H1DeadlinePassed)) from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            passed = asyncio.get_running_loop().time() >= self.deadline - DEADLINE_SLACK_S
+            raise StreamBroken(type(exc).__name__, deadline=passed) from exc
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            if self.response.at_eof:
+            if self.response.content.at_eof():
                 self.response.release()  # complete: the connection goes back to the pool
             else:
                 # Closing mid-stream drops the connection, which is how a vLLM server
@@ -62,17 +78,24 @@ class HttpUpstream:
         self.name = name
         self.kind: str = config.kind
         self.config = config
-        headers = {"content-type": "application/json", "accept-encoding": "identity"}
         key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+        self._headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if key:
-            headers["authorization"] = f"Bearer {key}"
+            self._headers["authorization"] = f"Bearer {key}"
         self.secrets = tuple(s for s in (key,) if s)
-        self._replicas = [
-            _Replica(url, H1Pool(url, default_headers=headers, max_connections=config.max_connections,
-                                 keepalive_s=config.keepalive_s, connect_timeout_s=config.connect_timeout_s))
-            for url in config.urls()
-        ]
+        self._replicas = [_Replica(url, proxy_for(url)) for url in config.urls()]
         self._next = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the event loop that will use it.
+        if self._session is None:
+            config = self.config
+            self._session = new_session(
+                max_connections=config.max_connections, keepalive_s=config.keepalive_s,
+                connect_timeout_s=config.connect_timeout_s, headers=self._headers,
+                tls=TlsFiles(config.ca_bundle, config.client_cert, config.client_key))
+        return self._session
 
     def _pick(self) -> _Replica:
         # Least in-flight requests; round-robin among ties so idle replicas share load.
@@ -88,47 +111,73 @@ class HttpUpstream:
                 best = cand
         return best
 
-    def _limit(self, timeout_s: float) -> float:
-        return min(timeout_s, self.config.timeout_s)
-
     def _timed_out(self, timeout_s: float) -> UpstreamTimeout:
         return UpstreamTimeout(f"upstream `{self.name}` did not answer within {timeout_s:.1f}s")
 
-    def _unreachable(self, exc: Exception) -> UpstreamError:
-        return UpstreamError(f"upstream `{self.name}` could not be reached: {type(exc).__name__}")
+    def _failed(self, exc: aiohttp.ClientError) -> UpstreamError:
+        if isinstance(exc, aiohttp.ClientResponseError):
+            # The response head did not parse: malformed, or over the bounds in sessions.py.
+            return UpstreamBadReply(f"upstream `{self.name}` sent a response head the gateway refuses "
+                                    f"(malformed, more than {MAX_HEADERS} fields, or a field over {MAX_FIELD_BYTES} bytes)")
+        if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ClientProxyConnectionError):
+            return UpstreamError(f"upstream `{self.name}` could not be reached: {type(exc).__name__}")
+        return UpstreamError(f"upstream `{self.name}` failed: {type(exc).__name__}")
 
     async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
         replica = self._pick()
         replica.in_flight += 1
-        limit = self._limit(timeout_s)
+        limit = min(timeout_s, self.config.timeout_s)
         try:
-            response = await replica.pool.request("POST", path, body, timeout_s=limit)
-            raw = await response.read()
-            return UpstreamReply(response.status, response.headers, raw, replica.url)
+            async with self._client().post(replica.url + path, data=body, proxy=replica.proxy,
+                                           timeout=aiohttp.ClientTimeout(total=limit)) as response:
+                raw = await self._read_bounded(response)
+                return UpstreamReply(response.status, _headers(response), raw, replica.url)
         except TimeoutError as exc:
             raise self._timed_out(timeout_s) from exc
-        except H1Error as exc:
-            raise self._unreachable(exc) from exc
+        except aiohttp.ClientError as exc:
+            raise self._failed(exc) from exc
         finally:
             replica.in_flight -= 1
+
+    async def _read_bounded(self, response: aiohttp.ClientResponse) -> bytes:
+        limit = self.config.max_response_bytes
+        declared = response.content_length
+        if declared is not None and declared > limit:
+            response.close()
+            raise self._too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                response.close()
+                raise self._too_large(limit)
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _too_large(self, limit: int) -> UpstreamReplyTooLarge:
+        return UpstreamReplyTooLarge(f"upstream `{self.name}` sent an answer over the gateway's bound of {limit} bytes")
 
     async def open_stream(self, path: str, body: bytes, timeout_s: float) -> _Stream:
         replica = self._pick()
         replica.in_flight += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        # The request's deadline bounds the whole stream, the upstream's own timeout
+        # each gap between reads.
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=self.config.timeout_s)
         try:
-            # The request's deadline bounds the whole stream (the pool's one timer: no
-            # timeout scope of the caller's), the upstream's own timeout each gap between chunks.
-            response = await replica.pool.request("POST", path, body, timeout_s=timeout_s,
-                                                  read_timeout_s=self._limit(timeout_s))
+            response = await self._client().post(replica.url + path, data=body, proxy=replica.proxy, timeout=timeout)
         except BaseException as exc:
             replica.in_flight -= 1
             if isinstance(exc, TimeoutError):
                 raise self._timed_out(timeout_s) from exc
-            if isinstance(exc, H1Error):
-                raise self._unreachable(exc) from exc
+            if isinstance(exc, aiohttp.ClientError):
+                raise self._failed(exc) from exc
             raise
-        return _Stream(response.status, response.headers, replica.url, response, replica)
+        return _Stream(response.status, _headers(response), replica.url, response, deadline, self.config.max_event_bytes, replica)
 
     async def aclose(self) -> None:
-        for replica in self._replicas:
-            await replica.pool.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -8,14 +8,20 @@ read fails the reconciliation loudly rather than comparing against half a report
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
+
+from gateway.upstreams.sessions import new_session, proxy_for
 
 QueryValue = str | int | list[str]
 BODY_EXCERPT = 300
+MAX_REPORT_BYTES = 256 * 1024 * 1024
+CONNECT_TIMEOUT_S = 10.0
 
 
 class ProviderReportError(Exception):
@@ -24,44 +30,70 @@ class ProviderReportError(Exception):
 
 
 class ProviderReportClient:
-    """Sync (reconciliation is a batch job; the admin API runs it in a worker thread).
-    Use as a context manager, or call `close()`."""
+    """Blocking calls (reconciliation is a batch job; the admin API runs it in a worker
+    thread) over the same aiohttp sessions as model traffic, on an event loop of its
+    own. Use as a context manager, or call `close()`."""
 
-    def __init__(self, api_key: str | None = None, timeout_s: float = 60.0, extra_headers: Mapping[str, str] | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        headers = {"accept": "application/json", **(extra_headers or {})}
+    def __init__(self, api_key: str | None = None, timeout_s: float = 60.0, extra_headers: Mapping[str, str] | None = None) -> None:
+        self._headers = {"accept": "application/json", **(extra_headers or {})}
         if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False,
-                                    transport=transport)
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._loop = asyncio.new_event_loop()
+        self._session: aiohttp.ClientSession | None = None
 
     def json(self, url: str, params: Mapping[str, QueryValue]) -> dict[str, Any]:
-        response = self._get(url, params)
+        body = self._get(url, params)
         try:
-            body = response.json()
-        except ValueError:
-            raise ProviderReportError(f"GET {url}: the answer is not JSON: {response.text[:BODY_EXCERPT]!r}") from None
-        if not isinstance(body, dict):
-            raise ProviderReportError(f"GET {url}: expected a JSON object, got {type(body).__name__}")
-        return body
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise ProviderReportError(f"GET {url}: the answer is not JSON: {_excerpt(body)!r}") from None
+        if not isinstance(parsed, dict):
+            raise ProviderReportError(f"GET {url}: expected a JSON object, got {type(parsed).__name__}")
+        return parsed
 
     def text(self, url: str) -> str:
-        return self._get(url, {}).text
+        return self._get(url, {}).decode("utf-8", "replace")
 
-    def _get(self, url: str, params: Mapping[str, QueryValue]) -> httpx.Response:
+    def _get(self, url: str, params: Mapping[str, QueryValue]) -> bytes:
         try:
-            response = self._client.get(url, params=dict(params))
-        except httpx.HTTPError as exc:
+            status, body = self._loop.run_until_complete(self._fetch(url, params))
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise ProviderReportError(f"GET {url}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise ProviderReportError(f"GET {url}: HTTP {response.status_code}: {response.text[:BODY_EXCERPT]}")
-        return response
+        if status != 200:
+            raise ProviderReportError(f"GET {url}: HTTP {status}: {_excerpt(body)}")
+        return body
+
+    async def _fetch(self, url: str, params: Mapping[str, QueryValue]) -> tuple[int, bytes]:
+        if self._session is None:
+            self._session = new_session(max_connections=4, keepalive_s=30.0, connect_timeout_s=CONNECT_TIMEOUT_S,
+                                        headers=self._headers)
+        query = [(name, str(item)) for name, value in params.items()
+                 for item in (value if isinstance(value, list) else [value])]
+        async with self._session.get(url, params=query, timeout=self._timeout, proxy=proxy_for(url)) as response:
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in response.content.iter_any():
+                size += len(chunk)
+                if size > MAX_REPORT_BYTES:
+                    raise ProviderReportError(f"GET {url}: the report is over {MAX_REPORT_BYTES} bytes")
+                parts.append(chunk)
+            return response.status, b"".join(parts)
 
     def close(self) -> None:
-        self._client.close()
+        if self._loop.is_closed():
+            return
+        if self._session is not None:
+            self._loop.run_until_complete(self._session.close())
+            self._session = None
+        self._loop.close()
 
     def __enter__(self) -> ProviderReportClient:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def _excerpt(body: bytes) -> str:
+    return body[:BODY_EXCERPT].decode("utf-8", "replace")

@@ -2,6 +2,8 @@
 noting the first token, the finish reason and the final usage chunk.
 
 Only events that can carry usage are parsed; content chunks pass through as bytes.
+One event is bounded (`max_event_bytes`): an upstream that never ends an event cannot
+make the gateway buffer without end.
 """
 
 from __future__ import annotations
@@ -10,15 +12,20 @@ from typing import Any
 
 import orjson
 
+from gateway.errors import UpstreamReplyTooLarge
+
 DONE = b"data: [DONE]"
 TAIL_EVENTS = 3
+DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 
 
 class SseRelay:
-    __slots__ = ("_buffer", "done", "error", "events", "finish_reason", "model", "strip_usage_chunk", "usage")
+    __slots__ = ("_buffer", "done", "error", "events", "finish_reason", "max_event_bytes", "model", "strip_usage_chunk",
+                 "usage")
 
-    def __init__(self, strip_usage_chunk: bool) -> None:
+    def __init__(self, strip_usage_chunk: bool, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.strip_usage_chunk = strip_usage_chunk
+        self.max_event_bytes = max_event_bytes
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.model: str | None = None
@@ -34,9 +41,9 @@ class SseRelay:
         data = self._buffer + chunk if self._buffer else chunk
         end = data.rfind(b"\n\n")
         if end < 0:
-            self._buffer = data
+            self._buffer = self._bounded(data)
             return b""
-        self._buffer = data[end + 2 :]
+        self._buffer = self._bounded(data[end + 2 :])
         complete = data[: end + 2]
         if _plain_content(complete):
             cut = len(complete)
@@ -78,6 +85,11 @@ class SseRelay:
             if self.strip_usage_chunk and not payload.get("choices"):
                 return b""
         return event + b"\n\n"
+
+    def _bounded(self, unfinished: bytes) -> bytes:
+        if len(unfinished) > self.max_event_bytes:
+            raise UpstreamReplyTooLarge(f"the upstream sent a streamed event over the gateway's bound of {self.max_event_bytes} bytes")
+        return unfinished
 
     def leftover(self) -> bytes:
         return self._buffer

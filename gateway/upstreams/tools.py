@@ -1,21 +1,23 @@
 """HTTP calls to the tools the policy declares. Like model traffic, tool traffic goes
-through one pooled client that only this package creates."""
+through one pooled aiohttp session made in `upstreams/sessions.py`, and what a tool
+sends back is bounded."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import aiohttp
 import orjson
 
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.routing.policy import Tool
-
-if TYPE_CHECKING:
-    import httpx
+from gateway.upstreams.sessions import new_session, proxy_for
 
 MAX_TOOL_BODY = 4 * 1024 * 1024
+MAX_CONNECTIONS = 256
+KEEPALIVE_S = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,41 +29,54 @@ class ToolReply:
 
 class ToolClient:
     def __init__(self) -> None:
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
 
-    def _http(self) -> httpx.AsyncClient:
-        # Created on the first tool call: httpx and its TLS context (CA certificates read
-        # from disk) cost ~0.1 s of start-up that a gateway without tool calls never needs.
-        if self._client is None:
-            import httpx
-
-            self._client = httpx.AsyncClient(trust_env=False, limits=httpx.Limits(max_connections=256))
-        return self._client
+    def _client(self) -> aiohttp.ClientSession:
+        # Made on the first tool call, inside the event loop that uses it.
+        if self._session is None:
+            self._session = new_session(max_connections=MAX_CONNECTIONS, keepalive_s=KEEPALIVE_S)
+        return self._session
 
     async def call(self, name: str, tool: Tool, arguments: Any) -> ToolReply:
         """POST the arguments as JSON, or GET with them as query parameters."""
         start = time.monotonic()
         url = str(tool.url)
-        client = self._http()
-        import httpx  # loaded by _http(): the name is needed for the exceptions below
-
+        timeout = aiohttp.ClientTimeout(total=tool.timeout_s)
         try:
             if tool.method == "GET":
                 params = {k: v if isinstance(v, str) else orjson.dumps(v).decode() for k, v in (arguments or {}).items()}
-                response = await client.get(url, params=params, timeout=tool.timeout_s)
+                request = self._client().get(url, params=params, timeout=timeout, proxy=proxy_for(url))
             else:
-                response = await client.post(url, content=orjson.dumps(arguments), timeout=tool.timeout_s,
-                                             headers={"content-type": "application/json"})
-        except httpx.TimeoutException as exc:
+                request = self._client().post(url, data=orjson.dumps(arguments), timeout=timeout, proxy=proxy_for(url),
+                                              headers={"content-type": "application/json"})
+            async with request as response:
+                if response.status >= 400:
+                    raise UpstreamError(f"tool `{name}` answered {response.status}")
+                body = await _read_bounded(name, response)
+                content_type = response.headers.get("content-type", "application/json")
+        except TimeoutError as exc:
             raise UpstreamTimeout(f"tool `{name}` did not answer within {tool.timeout_s:g}s") from exc
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise UpstreamError(f"tool `{name}` could not be reached: {type(exc).__name__}") from exc
-        if response.status_code >= 400:
-            raise UpstreamError(f"tool `{name}` answered {response.status_code}")
-        if len(response.content) > MAX_TOOL_BODY:
-            raise UpstreamError(f"tool `{name}` answered with more than {MAX_TOOL_BODY} bytes")
-        return ToolReply(response.content, response.headers.get("content-type", "application/json"), time.monotonic() - start)
+        return ToolReply(body, content_type, time.monotonic() - start)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def _read_bounded(name: str, response: aiohttp.ClientResponse) -> bytes:
+    too_large = UpstreamReplyTooLarge(f"tool `{name}` answered with more than {MAX_TOOL_BODY} bytes")
+    if response.content_length is not None and response.content_length > MAX_TOOL_BODY:
+        response.close()
+        raise too_large
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > MAX_TOOL_BODY:
+            response.close()
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)

@@ -1,4 +1,4 @@
-"""A raw HTTP/1.1 client for the gateway's server protocol, and uvicorn running that
+"""A raw HTTP/1.1 client for the gateway's server protocol (uvicorn's, bounded), and uvicorn running that
 protocol in the test's own event loop: apps wait on events, never on the clock;
 GUARD_S only bounds a wait so that a bug fails the test instead of hanging it."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway.serving.h1_connection import H1ServerConnection
+from gateway.serving.protocol import BoundedHttpProtocol
 
 GUARD_S = 10
 App = Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]]
@@ -31,8 +31,8 @@ class Reply:
 async def serving(app: App, **options: Any) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=H1ServerConnection, lifespan="off", log_level="critical",
-                            timeout_graceful_shutdown=GUARD_S, **options)
+    options.setdefault("http", BoundedHttpProtocol)
+    config = uvicorn.Config(app, lifespan="off", log_level=options.pop("log_level", "critical"), timeout_graceful_shutdown=GUARD_S, **options)
     config.load()
     server = uvicorn.Server(config)
     # Server.serve's steps without its signal handlers, which belong to the test runner.

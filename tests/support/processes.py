@@ -32,6 +32,11 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
     def start(self, timeout_s: float = 30.0) -> None:
         env = {**os.environ, **self.env}
         log = self.log_path.open("ab")

@@ -50,6 +50,7 @@ class RawHttpServer:
         self._ended: dict[int, asyncio.Event] = {}
         self._accepted = 0
         self.requests: list[Received] = []
+        self._arrived = asyncio.Event()  # set and replaced on every request
         self.open_now = 0
         self.max_open = 0
 
@@ -67,6 +68,12 @@ class RawHttpServer:
         """Until the server has seen that connection end (the client closed it, or the handler did)."""
         async with asyncio.timeout(10):  # a hang guard, not a timing assumption
             await self._ended_event(connection).wait()
+
+    async def requests_received(self, count: int) -> None:
+        """Until at least `count` requests have arrived."""
+        async with asyncio.timeout(10):  # a hang guard, not a timing assumption
+            while len(self.requests) < count:
+                await self._arrived.wait()
 
     def _ended_event(self, connection: int) -> asyncio.Event:
         return self._ended.setdefault(connection, asyncio.Event())
@@ -98,6 +105,8 @@ class RawHttpServer:
         try:
             while (request := await self._read_request(connection, reader)) is not None:
                 self.requests.append(request)
+                self._arrived.set()
+                self._arrived = asyncio.Event()
                 if not await self._handler(request, writer):
                     break
         finally:

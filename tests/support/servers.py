@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import GatewayApp
-from gateway.serving.h1_connection import H1ServerConnection
+from gateway.serving.protocol import BoundedHttpProtocol
 
 START_TIMEOUT_S = 10.0
 
@@ -41,7 +41,7 @@ def run_asgi_in_thread(app: Any) -> Iterator[str]:
     config = uvicorn.Config(
         app,
         loop="uvloop",
-        http=H1ServerConnection if isinstance(app, GatewayApp) else "httptools",
+        http=BoundedHttpProtocol if isinstance(app, GatewayApp) else "httptools",
         lifespan="on",
         access_log=False,
         log_level="warning",

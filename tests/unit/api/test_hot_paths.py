@@ -1,5 +1,6 @@
-"""What a streamed reply sends: each event as it comes, and the `[DONE]` event with the
-body's end, in one message (one write to the client's socket)."""
+"""What a streamed reply sends: each event as it comes, the `[DONE]` event with the
+body's end in one message (one write to the client's socket), and an error with its
+own status when the upstream fails before the first event."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from gateway.api.hot_paths import stream
 from gateway.caching.replay import DONE_EVENT, stream_from_completion
+from gateway.errors import UpstreamReplyTooLarge
 from gateway.pipeline.runner import StreamReply, _replay
 
 FIRST = b'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\n'
@@ -17,17 +19,13 @@ CUT = b'data: {"error":{"message":"the upstream connection broke"}}\n\n'
 
 
 class Recorder:
-    """The ASGI side of one response: every message sent, and a client that stays."""
+    """The ASGI side of one response: every message sent."""
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
 
     async def send(self, message: dict[str, Any]) -> None:
         self.sent.append(message)
-
-    async def receive(self) -> dict[str, Any]:
-        await asyncio.Event().wait()  # never hangs up
-        raise AssertionError("unreachable")
 
     def bodies(self) -> list[tuple[bytes, bool]]:
         return [(m["body"], m.get("more_body", False)) for m in self.sent if m["type"] == "http.response.body"]
@@ -40,7 +38,7 @@ async def _events(*chunks: bytes) -> AsyncIterator[bytes]:
 
 def _relay(*chunks: bytes) -> list[tuple[bytes, bool]]:
     client = Recorder()
-    asyncio.run(stream(StreamReply(_events(*chunks)), client.receive, client.send))
+    asyncio.run(stream(StreamReply(_events(*chunks)), client.send))
     assert client.sent[0]["type"] == "http.response.start"
     return client.bodies()
 
@@ -69,5 +67,19 @@ def test_a_stored_answer_replays_in_one_message() -> None:
     events = stream_from_completion(body, include_usage=True)
     assert len(events) > 4  # split like a live stream
     client = Recorder()
-    asyncio.run(stream(StreamReply(_replay(events)), client.receive, client.send))
+    asyncio.run(stream(StreamReply(_replay(events)), client.send))
     assert client.bodies() == [(b"".join(events), False)]
+
+
+async def _fails_at_once() -> AsyncIterator[bytes]:
+    raise UpstreamReplyTooLarge("the upstream sent a streamed event over the gateway's bound of 1024 bytes")
+    yield b""  # an async generator
+
+
+def test_an_upstream_that_fails_before_its_first_event_gets_an_error_status_not_a_broken_200() -> None:
+    client = Recorder()
+    asyncio.run(stream(StreamReply(_fails_at_once()), client.send))
+    start = client.sent[0]
+    assert start["type"] == "http.response.start" and start["status"] == 502
+    assert dict(start["headers"])[b"x-should-retry"] == b"false"
+    assert b"upstream_reply_too_large" in client.bodies()[0][0]

@@ -23,6 +23,7 @@ class Upstream:
 
     def __init__(self, *reads: bytes) -> None:
         self.status, self.headers, self.replica = 200, {"content-type": "text/event-stream"}, "http://upstream"
+        self.max_event_bytes = 1024 * 1024
         self.reads = reads
         self.closed = False
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
+from gateway.errors import UpstreamReplyTooLarge
 from gateway.upstreams.sse import SseRelay
 
 
@@ -78,3 +80,18 @@ def test_a_finish_before_the_tail_of_a_whole_stream_is_seen() -> None:
     stream = CONTENT * 3 + early + CONTENT * 5 + USAGE + DONE
     assert relay.feed(stream) == stream
     assert relay.finish_reason == "length" and relay.usage is not None and relay.events == 11
+
+
+def test_an_event_that_never_ends_is_refused_at_its_bound() -> None:
+    relay = SseRelay(strip_usage_chunk=False, max_event_bytes=4096)
+    assert relay.feed(b'data: {"a":1}\n\ndata: ') == b'data: {"a":1}\n\n'
+    with pytest.raises(UpstreamReplyTooLarge):
+        for _ in range(10):
+            relay.feed(b"x" * 1024)  # no blank line, ever
+
+
+def test_events_up_to_the_bound_pass() -> None:
+    relay = SseRelay(strip_usage_chunk=False, max_event_bytes=4096)
+    event = b"data: " + b"x" * 4000 + b"\n\n"
+    assert relay.feed(event[:2000]) == b""
+    assert relay.feed(event[2000:]) == event
