@@ -1,16 +1,16 @@
 """Upstream error replies -> our errors. Bodies are never passed through raw: the
-message is extracted, stripped of anything credential-like, and shortened."""
+message is extracted, stripped of credentials, URLs and hosts (upstreams/redaction.py),
+and shortened."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequest, RateLimited, UpstreamError, UpstreamTimeout
+from gateway.upstreams.redaction import redact
 
-CREDENTIAL_LIKE = re.compile(r"(?i)(bearer\s+\S+|\bsk-[A-Za-z0-9_\-]{6,}|\bkey[-_][A-Za-z0-9]{12,})")
 MAX_MESSAGE = 300
 RETRY_HEADERS = ("retry-after", "retry-after-ms")
 LIMIT_HEADER_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "retry-after")
@@ -29,10 +29,7 @@ def upstream_message(body: bytes, secrets: Iterable[str] = ()) -> str:
         elif isinstance(err, str):
             message = err
         message = message or data.get("message") or data.get("detail")
-    text = str(message) if message else "no error message"
-    for secret in secrets:
-        text = text.replace(secret, "[redacted]")
-    text = CREDENTIAL_LIKE.sub("[redacted]", text)
+    text = redact(str(message), secrets) if message else "no error message"
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
