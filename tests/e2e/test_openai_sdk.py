@@ -206,7 +206,7 @@ def test_metrics_count_requests_and_tokens(stack: Stack) -> None:
     ok = 'gateway_requests_total{model="gpt-4o-mini",status="ok",tenant="acme"}'
 
     def answered() -> float:
-        text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+        text = stack.metrics()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(ok + " "))
 
     before = answered()
@@ -214,7 +214,7 @@ def test_metrics_count_requests_and_tokens(stack: Stack) -> None:
         client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO)  # type: ignore[arg-type]
     assert answered() == before + 3, "a scrape right after the answers counts every one of them"
     list(client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True))  # type: ignore[arg-type]
-    text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+    text = stack.metrics()
     assert 'gateway_tokens_total{kind="output",model="gpt-4o-mini",tenant="acme"}' in text
     assert "gateway_time_to_first_token_seconds_bucket" in text and "gateway_upstream_latency_seconds_bucket" in text
 
@@ -237,7 +237,7 @@ def test_health_and_readiness(stack: Stack) -> None:
 
 def test_metrics_count_a_stream_in_flight_until_its_last_event(stack: Stack) -> None:
     def in_flight() -> float:
-        text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+        text = stack.metrics()
         return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("gateway_requests_in_flight ")))
 
     sim_config(stack.hosted, token_delay_s=0.5)  # the rest of the stream is still to come when we look
