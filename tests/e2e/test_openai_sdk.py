@@ -92,6 +92,22 @@ def test_models_list_is_what_this_tenant_may_use(stack: Stack) -> None:
     assert [m.id for m in client(stack, stack.other_key).models.list()] == ["gpt-4o-mini"]
 
 
+def test_models_retrieve_finds_what_the_list_shows_and_nothing_else(stack: Stack) -> None:
+    listed = {m.id: m for m in client(stack).models.list()}
+    for name in ("gpt-4o-mini", "auto"):
+        model = client(stack).models.retrieve(name)
+        assert model == listed[name] and (model.id, model.object, model.owned_by) == (name, "model", "gateway")
+        assert model.created > 0
+    for key, name in ((stack.key, "gpt-4o-mimi"), (stack.other_key, "sim-large"), (stack.key, "org/some-model")):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client(stack, key).models.retrieve(name)
+        assert (missing.value.code, missing.value.type) == ("model_not_found", "invalid_request_error")
+        assert f"`{name}`" in missing.value.message
+        assert missing.value.response.headers["x-should-retry"] == "false"
+    with pytest.raises(openai.AuthenticationError):
+        client(stack, "sk-gw-not-a-key").models.retrieve("gpt-4o-mini")
+
+
 def test_route_answers_with_its_first_model(stack: Stack) -> None:
     raw = client(stack).chat.completions.with_raw_response.create(model="auto", messages=HELLO)  # type: ignore[arg-type]
     assert raw.headers["x-gateway-route"] == "auto" and raw.headers["x-gateway-model"] == "gpt-4o-mini"
