@@ -125,9 +125,11 @@ class Services:
         return expired
 
     async def readiness(self) -> dict[str, tuple[bool, str]]:
-        """Each store the request path needs, with a short reason when it is not usable."""
+        """Each store the request path needs, with a short reason when it is not usable.
+        Anyone who reaches /readyz reads these: they name no file, URL or address (an
+        error's own text often does), and the error itself goes to the log."""
         policy = self.policies.current
-        detail = f"{len(policy.targets)} models from {policy.source}"
+        detail = f"{len(policy.targets)} models"
         if self.policies.last_error:
             detail += " (the latest edit was rejected; serving the last good policy)"
         checks = {"policy": (True, detail)}
@@ -135,7 +137,7 @@ class Services:
             await anyio.to_thread.run_sync(self._ping_ledger)
             checks["ledger"] = (True, self.reader.dialect.name)
         except Exception as exc:
-            checks["ledger"] = (False, f"{type(exc).__name__}: {exc}"[:300])
+            checks["ledger"] = (False, _not_usable("ledger database", exc))
         checks["redis"] = await self._redis_check()
         return checks
 
@@ -145,7 +147,7 @@ class Services:
         try:
             await self.redis.ping()
         except Exception as exc:
-            return False, f"{type(exc).__name__}: {exc}"[:300]
+            return False, _not_usable("Redis", exc)
         return True, "reachable"
 
     def _ping_ledger(self) -> None:
@@ -166,6 +168,11 @@ class Services:
         await self.writer.stop()
         self.writer.engine.dispose()
         self.reader.dispose()
+
+
+def _not_usable(component: str, exc: Exception) -> str:
+    log.warning("readiness: the %s is not usable: %s: %s", component, type(exc).__name__, exc)
+    return f"not usable: {type(exc).__name__} (the gateway's log has the error)"
 
 
 def _shared_state(settings: Settings, cache_max_bytes: int) -> tuple[Redis | None, Buckets, CacheStore]:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Settings(BaseModel):
@@ -21,6 +21,7 @@ class Settings(BaseModel):
     redis_url: str | None = Field(default=None, description="unset: in-process state")
     gateway_redis_prefix: str = Field(default="gw", description="key prefix, so several gateways can share one Redis")
     gateway_admin_key: str | None = None
+    gateway_metrics_key: str | None = Field(default=None, description="bearer token for /metrics; unset: no tenant-labelled series")
     gateway_secret: str | None = Field(default=None, description="derives cache salts and cache-key hashes")
     gateway_var_dir: Path = Path("var")
     gateway_policy_poll_s: float = Field(default=1.0, gt=0)
@@ -34,6 +35,12 @@ class Settings(BaseModel):
             return given
         environment = {name.lower(): value for name, value in os.environ.items()}
         return {name: environment[name] for name in cls.model_fields if name in environment} | given
+
+    @field_validator("gateway_metrics_key")
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        # `GATEWAY_METRICS_KEY: ${GATEWAY_METRICS_KEY:-}` in a compose file gives "": no key.
+        return value or None
 
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.gateway_var_dir / 'ledger.db'}"

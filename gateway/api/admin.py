@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from datetime import date
 
 import anyio
@@ -12,6 +11,7 @@ from starlette.responses import Response
 
 from gateway.accounting.reports import cost_rows, parse_group_by, rows_to_csv
 from gateway.accounting.route_report import route_report
+from gateway.auth.keys import bearer_matches
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest, PermissionDenied, UpstreamError
 from gateway.services import Services
 
@@ -21,8 +21,7 @@ def admin_services(request: Request) -> Services:
     expected = services.settings.gateway_admin_key
     if not expected:
         raise PermissionDenied("the admin API is disabled: set GATEWAY_ADMIN_KEY to enable it")
-    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+    if not bearer_matches(request.headers.get("authorization", ""), expected):
         raise AuthenticationFailed("the admin API needs `Authorization: Bearer <GATEWAY_ADMIN_KEY>`")
     return services
 

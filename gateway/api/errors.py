@@ -42,7 +42,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(InvalidRequest(f"invalid request: {exc}"))
 
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception("unhandled error on %s %s (%s)", request.method, request.url.path,
+                      getattr(request.state, "request_id", "no request id"))
         error = GatewayError("the gateway hit an internal error; it has been logged")
         return error_response(error)
 

@@ -33,6 +33,16 @@ def key_id(digest: str) -> str:
     return "key_" + digest.removeprefix("sha256:")[:12]
 
 
+def bearer_matches(authorization: str, expected: str) -> bool:
+    """Whether an `Authorization` header carries `Bearer <expected>` (an operator's
+    token: the admin key, the metrics key). Compares digests in constant time, so
+    neither the token's characters nor its length show in the timing."""
+    scheme, _, presented = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(hashlib.sha256(presented.strip().encode()).digest(), hashlib.sha256(expected.encode()).digest())
+
+
 @dataclass(frozen=True, slots=True)
 class KeyOwner:
     tenant: str

@@ -1,18 +1,20 @@
 """The one place that retries. An upstream call is tried against its target, retried
 on failures that can pass (429, 5xx, timeouts, broken connections) after the delay the
 provider asked for or a jittered backoff - never past the request's deadline, never
-past the retry budgets - and then failed over to the next target the policy lists."""
+past the retry budgets - and then failed over to the next target the policy lists.
+An upstream that does not know the model is neither retried nor held against it."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from gateway.errors import AllUpstreamsFailed, GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import AllUpstreamsFailed, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
 from gateway.pipeline.context import RequestContext
 from gateway.routing.policy import Retry
 from gateway.routing.resolved import ModelTarget
@@ -22,6 +24,7 @@ from gateway.upstreams.ratelimit_headers import parse_provider_limits
 
 T = TypeVar("T")
 TASK_BUDGETS = 10_000
+log = logging.getLogger("gateway.upstreams")
 
 
 class Retrier:
@@ -63,6 +66,10 @@ class Retrier:
                     budget.record_attempt(is_retry)
                 try:
                     result = await send(target)
+                except ModelNotFound as exc:
+                    if exc.upstream_status is None:  # not the upstream's answer
+                        raise
+                    raise _not_served(ctx, target, exc) from None
                 except GatewayError as exc:
                     errors.append(exc)
                     kind = _kind(exc)
@@ -91,6 +98,17 @@ class Retrier:
         if time.monotonic() + pause >= ctx.deadline:
             raise UpstreamTimeout(f"upstream `{target.upstream}` reported its limit exhausted for {pause:.1f}s, past this request's deadline")
         await asyncio.sleep(pause)
+
+
+def _not_served(ctx: RequestContext, target: ModelTarget, exc: ModelNotFound) -> ModelNotFound:
+    """The upstream does not know the model it was sent: a name in the policy that the
+    provider does not serve (a typo, a retired model), not an outage. The client hears
+    of the name it asked for; the upstream's own words, with its model id, go to the
+    log (and the ledger, with the attempt)."""
+    log.warning("upstream %s does not serve %r (model %s, asked for as %s): %s",
+                target.upstream, target.upstream_model, target.name, ctx.requested_model, exc.message)
+    return ModelNotFound(f"The model `{ctx.requested_model}` is not available: the upstream it is routed to does not serve it.",
+                         param="model")
 
 
 def _kind(exc: GatewayError) -> str:

@@ -56,7 +56,9 @@ def openai_error(message: str, type_: str, param: str | None = None, code: str |
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def server_error_body(status: int) -> dict[str, Any]:
+def server_error_body(status: int, message: str | None = None) -> dict[str, Any]:
+    if message is not None:
+        return openai_error(message, "server_error")
     if status == 503:
         return openai_error("The engine is currently overloaded, please try again later.", "server_error")
     return openai_error(

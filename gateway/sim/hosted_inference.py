@@ -146,7 +146,7 @@ async def _gate(state: HostedState, call: Call, send: Send, tokens: int) -> tupl
         return False, fault
     if fault is Fault.SERVER_ERROR:
         state.stats.injected_faults += 1
-        await reply(state, send, status, server_error_body(status), call.headers)
+        await reply(state, send, status, server_error_body(status, cfg.server_error_message), call.headers)
         return False, fault
     return True, fault
 

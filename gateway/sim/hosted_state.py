@@ -32,6 +32,9 @@ class HostedSimConfig:
     fail_429_rate: float = 0.0
     retry_after_s: float = 1.0
     fail_5xx_rate: float = 0.0
+    # The message of injected 5xx errors; None: OpenAI's own. A provider behind its own
+    # proxy or load balancer sometimes names internal endpoints or keys in it.
+    server_error_message: str | None = None
     cut_stream_rate: float = 0.0  # streams dropped mid-way: no finish chunk, usage or [DONE]
     malformed_rate: float = 0.0  # 200 with a body that is not valid JSON
     prompt_caching: bool = True

@@ -1,11 +1,21 @@
 """Prometheus metrics on a per-app registry (no module globals). Labels are bounded:
-tenant and model names come from the policy, status is a small fixed set."""
+tenant and model names come from the policy, status is a small fixed set.
+
+Which tenants call, and how much, is not for anyone who can reach /metrics: rendered
+without tenants, each series with a `tenant` label is summed over tenants instead."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gateway.telemetry.tallies import CountTally, TallyCollector, TimeTally
+
+TENANT = "tenant"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -37,6 +47,38 @@ class Metrics:
         self.serving = 0
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served", registry=r)
         self.in_flight.set_function(lambda: self.serving)
+        ProcessCollector(registry=r)  # CPU, memory, open files of this process
+        self._without_tenants = CollectorRegistry(auto_describe=False)
+        self._without_tenants.register(WithoutTenants(r))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, with_tenants: bool) -> bytes:
+        return generate_latest(self.registry if with_tenants else self._without_tenants)
+
+
+class WithoutTenants(Collector):
+    """A registry's families with the tenant label summed away (a `_created` sample
+    keeps the earliest time): the same totals, per model or status, for no one tenant."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            yield _summed_over_tenants(family) if any(TENANT in s.labels for s in family.samples) else family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # the names are the registry's own; nothing to reserve here
+
+
+def _summed_over_tenants(family: Metric) -> Metric:
+    summed = Metric(family.name, family.documentation, family.type, family.unit)
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in family.samples:
+        key = (sample.name, tuple((k, v) for k, v in sample.labels.items() if k != TENANT))
+        known = values.get(key)
+        if known is None:
+            values[key] = sample.value
+        else:
+            values[key] = min(known, sample.value) if sample.name.endswith("_created") else known + sample.value
+    summed.samples = [Sample(name, dict(labels), value) for (name, labels), value in values.items()]
+    return summed

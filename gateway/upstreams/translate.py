@@ -1,16 +1,16 @@
 """Upstream error replies -> our errors. Bodies are never passed through raw: the
-message is extracted, stripped of anything credential-like, and shortened."""
+message is extracted, stripped of credentials, URLs and hosts (upstreams/redaction.py),
+and shortened."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 import orjson
 
-from gateway.errors import GatewayError, InvalidRequest, RateLimited, UpstreamError, UpstreamTimeout
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, RateLimited, UpstreamError, UpstreamTimeout
+from gateway.upstreams.redaction import redact
 
-CREDENTIAL_LIKE = re.compile(r"(?i)(bearer\s+\S+|\bsk-[A-Za-z0-9_\-]{6,}|\bkey[-_][A-Za-z0-9]{12,})")
 MAX_MESSAGE = 300
 RETRY_HEADERS = ("retry-after", "retry-after-ms")
 LIMIT_HEADER_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "retry-after")
@@ -29,20 +29,26 @@ def upstream_message(body: bytes, secrets: Iterable[str] = ()) -> str:
         elif isinstance(err, str):
             message = err
         message = message or data.get("message") or data.get("detail")
-    text = str(message) if message else "no error message"
-    for secret in secrets:
-        text = text.replace(secret, "[redacted]")
-    text = CREDENTIAL_LIKE.sub("[redacted]", text)
+    text = redact(str(message), secrets) if message else "no error message"
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
 def error_from_reply(
     upstream: str, status: int, headers: Mapping[str, str], body: bytes, secrets: Iterable[str] = ()
 ) -> GatewayError:
-    error = _translate(upstream, status, headers, upstream_message(body, secrets))
+    message = upstream_message(body, secrets)
+    err = _error_object(body)
+    if status == 404 and _names_the_model(err):
+        # Not retryable and no mark against the upstream: the name is wrong, not the
+        # upstream. The retry module renames it to the model the client asked for.
+        error: GatewayError = ModelNotFound(f"upstream `{upstream}` does not serve the model it was sent: {message}",
+                                            param="model")
+    else:
+        error = _translate(upstream, status, headers, message)
     error.upstream_status = status
     error.upstream_headers = limit_headers(headers)
-    error.upstream_code = _error_code(body)
+    code = err.get("code")
+    error.upstream_code = code if isinstance(code, str) else None
     return error
 
 
@@ -51,14 +57,23 @@ def limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.startswith(LIMIT_HEADER_PREFIXES)}
 
 
-def _error_code(body: bytes) -> str | None:
+def _error_object(body: bytes) -> dict[str, object]:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return None
+        return {}
     err = data.get("error") if isinstance(data, dict) else None
-    code = err.get("code") if isinstance(err, dict) else None
-    return code if isinstance(code, str) else None
+    return err if isinstance(err, dict) else {}
+
+
+def _names_the_model(err: dict[str, object]) -> bool:
+    """A 404 about the model, as OpenAI (`code: model_not_found`), vLLM (`NotFoundError`,
+    `param: model`) and Anthropic (`not_found_error`, "model: ...") say it - not a 404
+    for the path, which is a wrong base_url."""
+    if err.get("code") == "model_not_found" or err.get("param") == "model":
+        return True
+    message = err.get("message")
+    return err.get("type") in ("NotFoundError", "not_found_error") and isinstance(message, str) and "model" in message.lower()
 
 
 def _translate(upstream: str, status: int, headers: Mapping[str, str], message: str) -> GatewayError:

@@ -160,7 +160,7 @@ def test_prompt_hygiene_reports_volatile_prefixes(stack: Stack) -> None:
     report = httpx.get(f"{stack.gateway.removesuffix('/v1')}/admin/prompt-hygiene",
                        headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert "acme" in json.dumps(report) and "timestamp" in json.dumps(report)
-    metrics = httpx.get(f"{stack.gateway.removesuffix('/v1')}/metrics").text
+    metrics = stack.metrics()
     assert 'gateway_prompt_prefix_volatile_total{kind="' in metrics
 
 

@@ -105,7 +105,7 @@ def test_routes_report_shows_escalation_by_reason(stack: Stack, capsys: pytest.C
     assert careful["requests"] >= 3 and 0 < careful["escalation_rate"] <= 1
     assert careful["escalation_rate_by_reason"]["client_signal"] > 0
     assert careful["strongest_model"] == "sim-large"
-    metrics = httpx.get(f"{stack.gateway.removesuffix('/v1')}/metrics").text
+    metrics = stack.metrics()
     assert 'gateway_escalations_total{reason="client_signal",route="careful"}' in metrics
     code = cli_main(["routes", "report", "--policy", str(stack.policy_path),
                      "--database-url", f"sqlite:///{stack.var_dir / 'ledger.db'}"])

@@ -46,7 +46,7 @@ def test_failover_to_fallback_and_no_retry_of_hopeless_errors(tmp_path: Path) ->
 
         before = sim_stats(stack.hosted)["requests"]
         missing = chat("misnamed")
-        assert missing.status_code == 502
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
         assert sim_stats(stack.hosted)["requests"] == before + 1, "a 404 from the upstream is not retried"
 
 

@@ -26,7 +26,7 @@ def models(stack: Stack) -> set[str]:
 
 
 def reload_count(stack: Stack, result: str) -> float:
-    text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+    text = stack.metrics()
     for line in text.splitlines():
         if line.startswith(f'gateway_policy_reloads_total{{result="{result}"}}'):
             return float(line.split()[-1])

@@ -92,6 +92,22 @@ def test_models_list_is_what_this_tenant_may_use(stack: Stack) -> None:
     assert [m.id for m in client(stack, stack.other_key).models.list()] == ["gpt-4o-mini"]
 
 
+def test_models_retrieve_finds_what_the_list_shows_and_nothing_else(stack: Stack) -> None:
+    listed = {m.id: m for m in client(stack).models.list()}
+    for name in ("gpt-4o-mini", "auto"):
+        model = client(stack).models.retrieve(name)
+        assert model == listed[name] and (model.id, model.object, model.owned_by) == (name, "model", "gateway")
+        assert model.created > 0
+    for key, name in ((stack.key, "gpt-4o-mimi"), (stack.other_key, "sim-large"), (stack.key, "org/some-model")):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client(stack, key).models.retrieve(name)
+        assert (missing.value.code, missing.value.type) == ("model_not_found", "invalid_request_error")
+        assert f"`{name}`" in missing.value.message
+        assert missing.value.response.headers["x-should-retry"] == "false"
+    with pytest.raises(openai.AuthenticationError):
+        client(stack, "sk-gw-not-a-key").models.retrieve("gpt-4o-mini")
+
+
 def test_route_answers_with_its_first_model(stack: Stack) -> None:
     raw = client(stack).chat.completions.with_raw_response.create(model="auto", messages=HELLO)  # type: ignore[arg-type]
     assert raw.headers["x-gateway-route"] == "auto" and raw.headers["x-gateway-model"] == "gpt-4o-mini"
@@ -206,7 +222,7 @@ def test_metrics_count_requests_and_tokens(stack: Stack) -> None:
     ok = 'gateway_requests_total{model="gpt-4o-mini",status="ok",tenant="acme"}'
 
     def answered() -> float:
-        text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+        text = stack.metrics()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(ok + " "))
 
     before = answered()
@@ -214,7 +230,7 @@ def test_metrics_count_requests_and_tokens(stack: Stack) -> None:
         client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO)  # type: ignore[arg-type]
     assert answered() == before + 3, "a scrape right after the answers counts every one of them"
     list(client(stack).chat.completions.create(model="gpt-4o-mini", messages=HELLO, stream=True))  # type: ignore[arg-type]
-    text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+    text = stack.metrics()
     assert 'gateway_tokens_total{kind="output",model="gpt-4o-mini",tenant="acme"}' in text
     assert "gateway_time_to_first_token_seconds_bucket" in text and "gateway_upstream_latency_seconds_bucket" in text
 
@@ -237,7 +253,7 @@ def test_health_and_readiness(stack: Stack) -> None:
 
 def test_metrics_count_a_stream_in_flight_until_its_last_event(stack: Stack) -> None:
     def in_flight() -> float:
-        text = httpx.get(stack.gateway.removesuffix("/v1") + "/metrics").text
+        text = stack.metrics()
         return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("gateway_requests_in_flight ")))
 
     sim_config(stack.hosted, token_delay_s=0.5)  # the rest of the stream is still to come when we look

@@ -103,6 +103,18 @@ def _count(engine: Any, sql: str) -> int:
         return int(conn.execute(text(sql)).scalar_one())
 
 
+def test_a_non_streamed_client_that_hangs_up_aborts_the_pool_request(fresh_stack: Stack) -> None:
+    sim_config(fresh_stack.vllm, decode_s_per_token=0.05)  # 200 tokens: 10 s to answer
+    before = int(sim_stats(fresh_stack.vllm)["aborted"])  # type: ignore[call-overload]
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        httpx.post(f"{fresh_stack.gateway}/chat/completions", headers={"authorization": f"Bearer {fresh_stack.key}"},
+                   json={"model": "pool-model", "messages": [{"role": "user", "content": "go"}], "max_tokens": 200}, timeout=0.5)
+    wait_until(lambda: int(sim_stats(fresh_stack.vllm)["aborted"]) > before)  # long before the 10 s answer
+    engine = create_engine(f"sqlite:///{fresh_stack.var_dir / 'ledger.db'}")
+    wait_until(lambda: _status_count(engine, "cancelled") == 1)
+    engine.dispose()
+
+
 def _status_count(engine: Any, status: str) -> int:
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM usage_events WHERE status = :s"), {"s": status}).scalar_one())

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from gateway.app import create_app
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.settings import Settings
@@ -18,6 +20,7 @@ from tests.support.servers import run_asgi_in_thread
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 ADMIN_KEY = "admin-test-key-42"
+METRICS_KEY = "metrics-test-key-7"
 
 
 @dataclass
@@ -29,6 +32,16 @@ class Stack:
     other_key: str  # tenant `globex`
     policy_path: Path
     var_dir: Path
+
+    @property
+    def root(self) -> str:
+        return self.gateway.removesuffix("/v1")
+
+    def metrics(self) -> str:
+        """What Prometheus scrapes, with the stack's metrics key (every series)."""
+        response = httpx.get(f"{self.root}/metrics", headers={"authorization": f"Bearer {METRICS_KEY}"}, timeout=10)
+        response.raise_for_status()
+        return response.text
 
 
 def policy_text(hosted: str, vllm: str, acme_digest: str, globex_digest: str) -> str:
@@ -77,7 +90,8 @@ def running_stack(tmp_path: Path,
                   hosted_config: HostedSimConfig | None = None,
                   vllm_config: VllmSimConfig | None = None,
                   poll_s: float = 0.05,
-                  edit_policy: Callable[[str], str] | None = None) -> Iterator[Stack]:
+                  edit_policy: Callable[[str], str] | None = None,
+                  metrics_key: str | None = METRICS_KEY) -> Iterator[Stack]:
     import os
 
     os.environ["GATEWAY_TEST_UPSTREAM_KEY"] = UPSTREAM_KEY
@@ -88,6 +102,6 @@ def running_stack(tmp_path: Path,
         text = policy_text(hosted, vllm, key_digest(key), key_digest(other))
         policy.write_text(edit_policy(text) if edit_policy else text)
         settings = Settings(gateway_policy=policy, gateway_var_dir=tmp_path / "var", gateway_policy_poll_s=poll_s,
-                            gateway_admin_key=ADMIN_KEY, database_url=f"sqlite:///{tmp_path / 'var' / 'ledger.db'}")
+                            gateway_admin_key=ADMIN_KEY, gateway_metrics_key=metrics_key, database_url=f"sqlite:///{tmp_path / 'var' / 'ledger.db'}")
         with run_asgi_in_thread(create_app(settings)) as gateway:
             yield Stack(gateway + "/v1", hosted, vllm, key, other, policy, tmp_path / "var")

@@ -431,6 +431,21 @@ def test_prometheus_scrapes_the_gateways_and_the_pool() -> None:
         assert host == "localhost" or host in all_services, f"scrape target {target} is not a compose service"
 
 
+def test_prometheus_scrapes_the_gateways_with_their_metrics_key() -> None:
+    """Without the key a gateway answers 401 (tests/e2e/test_nothing_leaks.py): the
+    scrape job must send what the gateways expect."""
+    keys = {env(svc).get("GATEWAY_METRICS_KEY", "") for svc in gateway_services().values()}
+    assert len(keys) == 1 and "" not in keys, "every gateway replica takes the same, non-empty metrics key"
+    config = yaml.safe_load((ROOT / "dashboards" / "prometheus.yml").read_text())
+    job = next(job for job in config["scrape_configs"] if job["job_name"] == "gateway")
+    authorization = job["authorization"]
+    assert authorization["type"] == "Bearer"
+    # compose mounts the key as a config (Prometheus reads no environment variables)
+    mounted = {c["target"]: c["source"] for c in services()["prometheus"].get("configs", [])}
+    source = mounted[authorization["credentials_file"]]
+    assert compose()["configs"][source]["content"].strip() in keys
+
+
 def provisioned_datasources() -> dict[str, dict[str, Any]]:
     found = {}
     for path in sorted((PROVISIONING / "datasources").glob("*.yaml")):

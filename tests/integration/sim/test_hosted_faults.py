@@ -65,6 +65,15 @@ def test_injected_server_errors(start_hosted: Callable[..., RunningHosted]) -> N
     assert info.value.type == "server_error"
 
 
+def test_injected_server_errors_can_say_what_a_provider_behind_a_proxy_says(start_hosted: Callable[..., RunningHosted]) -> None:
+    sim = start_hosted(fail_5xx_rate=1.0)
+    httpx.post(f"{sim.url}/sim/config", json={"server_error_message": "no healthy upstream at 10.0.0.7:8000"}).raise_for_status()
+    error = post(sim, CHAT).json()["error"]
+    assert error == {"message": "no healthy upstream at 10.0.0.7:8000", "type": "server_error", "param": None, "code": None}
+    httpx.post(f"{sim.url}/sim/config", json={"server_error_message": None}).raise_for_status()
+    assert post(sim, CHAT).json()["error"]["message"].startswith(("The server had an error", "The engine is currently overloaded"))
+
+
 def test_faults_are_deterministic_for_a_seed(start_hosted: Callable[..., RunningHosted]) -> None:
     sim = start_hosted(seed=3, fail_5xx_rate=0.5)
 

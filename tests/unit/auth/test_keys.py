@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.auth.keys import KeyIndex, key_digest, new_api_key
+from gateway.auth.keys import KeyIndex, bearer_matches, key_digest, new_api_key
 from gateway.cli import main as cli_main
 
 
@@ -32,3 +32,10 @@ def test_keys_new_prints_key_and_policy_line(capsys: pytest.CaptureFixture[str])
     out = capsys.readouterr().out
     key = next(line.strip() for line in out.splitlines() if line.strip().startswith("sk-gw-"))
     assert f'- "{key_digest(key)}"' in out
+
+
+def test_an_operator_token_matches_only_as_its_exact_bearer() -> None:
+    assert bearer_matches("Bearer metrics-key-1", "metrics-key-1")
+    assert bearer_matches("bearer  metrics-key-1 ", "metrics-key-1")
+    for wrong in ("", "metrics-key-1", "Basic metrics-key-1", "Bearer metrics-key-", "Bearer metrics-key-12", "Bearer "):
+        assert not bearer_matches(wrong, "metrics-key-1"), wrong

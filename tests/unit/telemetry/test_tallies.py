@@ -75,6 +75,6 @@ def test_every_family_is_exported_before_any_call() -> None:
 def test_requests_in_flight_is_read_at_scrape_time() -> None:
     metrics = Metrics()
     metrics.serving = 3
-    assert b"gateway_requests_in_flight 3.0" in metrics.render()
+    assert b"gateway_requests_in_flight 3.0" in metrics.render(with_tenants=True)
     metrics.serving = 0
-    assert b"gateway_requests_in_flight 0.0" in metrics.render()
+    assert b"gateway_requests_in_flight 0.0" in metrics.render(with_tenants=True)

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from gateway.errors import InvalidRequest, RateLimited, UpstreamError
+import orjson
+import pytest
+
+from gateway.errors import InvalidRequest, ModelNotFound, RateLimited, UpstreamError
 from gateway.upstreams.translate import error_from_reply
 
 
@@ -28,3 +31,38 @@ def test_429_keeps_retry_after() -> None:
 def test_non_json_error_body_is_not_relayed() -> None:
     err = error_from_reply("hosted", 503, {}, b"<html>upstream proxy secret-host-10.0.0.1</html>")
     assert "secret-host" not in err.message and err.http_status == 502
+
+
+def test_an_internal_url_host_and_key_in_an_upstream_message_are_redacted() -> None:
+    message = ("upstream connect error: POST http://10.0.3.7:8000/v1/chat/completions via gpu-3.pool.internal:8443 "
+               "with Bearer sk-live-0123456789abcdef failed")
+    for status in (400, 408, 429, 500, 503):
+        err = error_from_reply("hosted", status, {}, orjson.dumps({"error": {"message": message}}))
+        for leaked in ("10.0.3.7", "8000", "gpu-3", "8443", "sk-live", "/v1/chat"):
+            assert leaked not in err.message, (status, err.message)
+        assert "upstream connect error" in err.message and "[redacted url]" in err.message
+        assert err.body()["error"]["message"] == err.message
+
+
+def test_a_long_message_is_cut_after_redaction() -> None:
+    err = error_from_reply("hosted", 500, {}, orjson.dumps({"error": {"message": "http://10.0.0.1/ " + "x" * 1000}}))
+    assert err.message.endswith("...") and "10.0.0.1" not in err.message and len(err.message) < 400
+
+
+@pytest.mark.parametrize("body", [
+    {"error": {"message": "The model `gpt-4o-mini-2024-07-18` does not exist or you do not have access to it.",
+               "type": "invalid_request_error", "param": None, "code": "model_not_found"}},  # OpenAI
+    {"error": {"message": "The model `llama-70b` does not exist.", "type": "NotFoundError", "param": "model", "code": 404}},  # vLLM
+    {"error": {"message": "The model `llama-70b` does not exist.", "type": "NotFoundError", "param": None, "code": 404}},
+    {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-9"}},  # Anthropic
+])
+def test_an_upstream_404_for_the_model_is_model_not_found_and_not_retryable(body: dict[str, object]) -> None:
+    err = error_from_reply("hosted", 404, {}, orjson.dumps(body))
+    assert isinstance(err, ModelNotFound) and err.http_status == 404
+    assert err.body()["error"]["type"] == "invalid_request_error" and err.body()["error"]["code"] == "model_not_found"
+    assert err.response_headers()["x-should-retry"] == "false"
+
+
+def test_an_upstream_404_for_the_path_is_not_about_the_model() -> None:
+    err = error_from_reply("hosted", 404, {}, b'{"detail": "Not Found"}')
+    assert not isinstance(err, ModelNotFound) and err.http_status == 502

@@ -1,0 +1,44 @@
+"""/metrics without the metrics key: the totals, not who called."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.telemetry.metrics import Metrics
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text.decode()) for s in family.samples}
+
+
+def busy_metrics() -> Metrics:
+    metrics = Metrics()
+    for tenant, amount in (("acme", 2), ("globex", 3)):
+        metrics.requests.inc((tenant, "small", "ok"), amount)
+        metrics.tokens.inc((tenant, "small", "output"), 10 * amount)
+        metrics.cache.inc((tenant, "hit"))
+        metrics.volatile_prefix.labels(tenant, "timestamp").inc()
+    metrics.requests.inc(("acme", "large", "429"))
+    metrics.attempts.inc(("hosted", "small", "ok"), 5)
+    return metrics
+
+
+def test_without_tenants_every_tenant_series_is_summed_over_tenants() -> None:
+    text = busy_metrics().render(with_tenants=False)
+    assert b"tenant" not in text and b"acme" not in text and b"globex" not in text
+    found = samples(text)
+    assert found[("gateway_requests_total", (("model", "small"), ("status", "ok")))] == 5
+    assert found[("gateway_requests_total", (("model", "large"), ("status", "429")))] == 1
+    assert found[("gateway_tokens_total", (("kind", "output"), ("model", "small")))] == 50
+    assert found[("gateway_response_cache_total", (("result", "hit"),))] == 2
+    assert found[("gateway_prompt_prefix_volatile_total", (("kind", "timestamp"),))] == 2
+    assert found[("gateway_upstream_attempts_total", (("model", "small"), ("outcome", "ok"), ("upstream", "hosted")))] == 5
+    assert ("gateway_requests_created", (("model", "small"), ("status", "ok"))) in found
+    assert any(name == "process_cpu_seconds_total" for name, _ in found), "the process's own series are there"
+
+
+def test_with_tenants_each_tenant_has_its_own_series() -> None:
+    found = samples(busy_metrics().render(with_tenants=True))
+    assert found[("gateway_requests_total", (("model", "small"), ("status", "ok"), ("tenant", "acme")))] == 2
+    assert found[("gateway_requests_total", (("model", "small"), ("status", "ok"), ("tenant", "globex")))] == 3
