@@ -49,10 +49,12 @@ class GatewayApp:
                 return
             allowed = OWN_METHODS.get(scope["path"])
             if allowed is not None and scope["method"] not in allowed:
-                await send_error(send, MethodNotAllowed(scope["method"], scope["path"], ", ".join(allowed)))
+                error = MethodNotAllowed(scope["method"], scope["path"], ", ".join(allowed))
+                error.headers["x-request-id"] = self._request_id()
+                await send_error(send, error)
                 return
             if scope["path"] == "/healthz":  # HEAD too: the server sends no body
-                await send_whole(send, 200, LIVE, {})
+                await send_whole(send, 200, LIVE, {"x-request-id": self._request_id()})
                 return
         if self._framework is None:
             raise RuntimeError("the gateway serves requests only after its lifespan start-up")
@@ -63,6 +65,10 @@ class GatewayApp:
             await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
             return
         await framework(scope, receive, send)
+
+    def _request_id(self) -> str:
+        assert self._hot is not None, "served only after start-up"
+        return self._hot.services.pipeline.parts.ids.next()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         """ASGI's lifespan protocol. A start-up that fails sends its traceback, which

@@ -53,6 +53,7 @@ class HotPaths:
             try:
                 raw = await read_body(headers, receive, services.policies.current.policy.defaults.max_body_bytes)
             except GatewayError as exc:
+                exc.headers.setdefault("x-request-id", services.pipeline.parts.ids.next())
                 await send_error(send, exc)
                 return
             except Disconnected:
@@ -74,8 +75,10 @@ class HotPaths:
             await send_error(send, exc)
             return
         except Exception:
-            log.exception("unhandled error on POST %s", path)
-            await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
+            request_id = self.services.pipeline.parts.ids.next()
+            log.exception("unhandled error on POST %s (request %s)", path, request_id)
+            await send_error(send, GatewayError("the gateway hit an internal error; it has been logged",
+                                                headers={"x-request-id": request_id}))
             return
         if isinstance(reply, JsonReply):
             await send_whole(send, reply.status, reply.body, reply.headers)

@@ -134,12 +134,14 @@ async def relay_stream(
     before_done: Callable[[], Awaitable[None]] | None = None,
     *,
     alone: Callable[[], bool],
+    secrets: tuple[str, ...] = (),
 ) -> AsyncIterator[bytes]:
     """Relay upstream events as they complete. `keep` collects them (up to a bound) and
     `before_done` runs once the answer is complete but before the client sees [DONE],
     so a cached copy exists by the time the client can ask again. `alone`: whether this
     is the only call in flight (see below)."""
-    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage, max_event_bytes=stream.max_event_bytes)
+    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage, max_event_bytes=stream.max_event_bytes,
+                     secrets=secrets)
     timeline = attempt.timeline
     # The upstream holds the stream to the deadline it was opened with (one timer for
     # the whole stream): past it, it drops the connection and the read below says so.

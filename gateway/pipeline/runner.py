@@ -276,6 +276,7 @@ class Pipeline:
             return await forward.open_stream(ctx, self.parts.upstreams.get(target.upstream), target, payload)
 
         attempt, stream = await self.attempt(ctx, send)
+        secrets = self.parts.upstreams.get(attempt.target.upstream).secrets
         # Keep what was relayed (bounded) so a complete answer can be cached once it ends.
         relayed: bytearray | None = bytearray() if ctx.cache is not None and ctx.cache.store else None
 
@@ -291,7 +292,7 @@ class Pipeline:
 
         metrics = self.parts.metrics
         relay = forward.relay_stream(ctx, attempt, stream, done, relayed, cache_complete_answer if relayed is not None else None,
-                                     alone=lambda: metrics.serving <= 1)
+                                     alone=lambda: metrics.serving <= 1, secrets=secrets)
         return StreamReply(relay, self.response_headers(ctx))
 
     async def remember(self, ctx: RequestContext, body: dict[str, Any], raw: bytes) -> None:

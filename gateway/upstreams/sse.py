@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import UpstreamReplyTooLarge
+from gateway.upstreams.redaction import redact
 
 DONE = b"data: [DONE]"
 TAIL_EVENTS = 3
@@ -20,12 +21,14 @@ DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 
 
 class SseRelay:
-    __slots__ = ("_buffer", "done", "error", "events", "finish_reason", "max_event_bytes", "model", "strip_usage_chunk",
-                 "usage")
+    __slots__ = ("_buffer", "done", "error", "events", "finish_reason", "max_event_bytes", "model", "secrets",
+                 "strip_usage_chunk", "usage")
 
-    def __init__(self, strip_usage_chunk: bool, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+    def __init__(self, strip_usage_chunk: bool, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+                 secrets: tuple[str, ...] = ()) -> None:
         self.strip_usage_chunk = strip_usage_chunk
         self.max_event_bytes = max_event_bytes
+        self.secrets = secrets  # scrubbed, with URLs and hosts, from an error event's message
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
         self.model: str | None = None
@@ -74,7 +77,10 @@ class SseRelay:
         if not isinstance(payload, dict):
             return event + b"\n\n"
         if "error" in payload:
-            self.error = payload["error"] if isinstance(payload["error"], dict) else {"message": str(payload["error"])}
+            error = payload["error"] if isinstance(payload["error"], dict) else {"message": str(payload["error"])}
+            error["message"] = redact(str(error.get("message", "")), self.secrets)
+            self.error = payload["error"] = error
+            return b"data: " + orjson.dumps(payload) + b"\n\n"
         self.model = payload.get("model") or self.model
         for choice in payload.get("choices") or ():
             if isinstance(choice, dict) and choice.get("finish_reason"):

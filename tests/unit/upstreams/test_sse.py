@@ -95,3 +95,11 @@ def test_events_up_to_the_bound_pass() -> None:
     event = b"data: " + b"x" * 4000 + b"\n\n"
     assert relay.feed(event[:2000]) == b""
     assert relay.feed(event[2000:]) == event
+
+
+def test_an_error_event_reaches_the_client_without_internal_addresses_or_secrets() -> None:
+    relay = SseRelay(strip_usage_chunk=False, secrets=("sk-upstream-secret",))
+    event = chunk({"error": {"message": "backend http://10.1.2.3:8000/v1 refused key sk-upstream-secret", "type": "server_error"}})
+    out = relay.feed(event)
+    assert b"10.1.2.3" not in out and b"sk-upstream-secret" not in out and b"server_error" in out
+    assert relay.error is not None and "10.1.2.3" not in relay.error["message"]
