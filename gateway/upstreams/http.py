@@ -18,7 +18,7 @@ import aiohttp
 from gateway.errors import UpstreamBadReply, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.routing.policy import Upstream as UpstreamConfig
 from gateway.upstreams.base import StreamBroken, UpstreamReply
-from gateway.upstreams.sessions import MAX_FIELD_BYTES, MAX_HEADERS, TlsFiles, new_session, proxy_for
+from gateway.upstreams.sessions import MAX_FIELD_BYTES, MAX_HEADERS, TlsFiles, new_session, proxy_for, read_bounded
 
 # A deadline counts as passed this close to it: the loop's timers round to milliseconds.
 DEADLINE_SLACK_S = 0.005
@@ -126,11 +126,12 @@ class HttpUpstream:
     async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
         replica = self._pick()
         replica.in_flight += 1
-        limit = min(timeout_s, self.config.timeout_s)
+        seconds = min(timeout_s, self.config.timeout_s)
+        max_bytes = self.config.max_response_bytes
         try:
             async with self._client().post(replica.url + path, data=body, proxy=replica.proxy,
-                                           timeout=aiohttp.ClientTimeout(total=limit)) as response:
-                raw = await self._read_bounded(response)
+                                           timeout=aiohttp.ClientTimeout(total=seconds)) as response:
+                raw = await read_bounded(response, max_bytes, lambda: self._too_large(max_bytes))
                 return UpstreamReply(response.status, _headers(response), raw, replica.url)
         except TimeoutError as exc:
             raise self._timed_out(timeout_s) from exc
@@ -138,22 +139,6 @@ class HttpUpstream:
             raise self._failed(exc) from exc
         finally:
             replica.in_flight -= 1
-
-    async def _read_bounded(self, response: aiohttp.ClientResponse) -> bytes:
-        limit = self.config.max_response_bytes
-        declared = response.content_length
-        if declared is not None and declared > limit:
-            response.close()
-            raise self._too_large(limit)
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                response.close()
-                raise self._too_large(limit)
-            parts.append(chunk)
-        return b"".join(parts)
 
     def _too_large(self, limit: int) -> UpstreamReplyTooLarge:
         return UpstreamReplyTooLarge(f"upstream `{self.name}` sent an answer over the gateway's bound of {limit} bytes")

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.upstreams.sessions import new_session, proxy_for
+from gateway.upstreams.sessions import new_session, proxy_for, read_bounded
 
 QueryValue = str | int | list[str]
 BODY_EXCERPT = 300
@@ -71,14 +71,9 @@ class ProviderReportClient:
         query = [(name, str(item)) for name, value in params.items()
                  for item in (value if isinstance(value, list) else [value])]
         async with self._session.get(url, params=query, timeout=self._timeout, proxy=proxy_for(url)) as response:
-            parts: list[bytes] = []
-            size = 0
-            async for chunk in response.content.iter_any():
-                size += len(chunk)
-                if size > MAX_REPORT_BYTES:
-                    raise ProviderReportError(f"GET {url}: the report is over {MAX_REPORT_BYTES} bytes")
-                parts.append(chunk)
-            return response.status, b"".join(parts)
+            body = await read_bounded(response, MAX_REPORT_BYTES,
+                                      lambda: ProviderReportError(f"GET {url}: the report is over {MAX_REPORT_BYTES} bytes"))
+            return response.status, body
 
     def close(self) -> None:
         if self._loop.is_closed():

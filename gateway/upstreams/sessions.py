@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ssl
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -78,3 +79,21 @@ def new_session(*, max_connections: int, keepalive_s: float, connect_timeout_s: 
         max_line_size=MAX_LINE_BYTES,
         raise_for_status=False,
     )
+
+
+async def read_bounded(response: aiohttp.ClientResponse, limit: int, too_large: Callable[[], Exception]) -> bytes:
+    """The whole body, or `too_large()` raised (and the connection dropped) once it is
+    known to be over `limit` bytes: from its content-length, or as it arrives."""
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        response.close()
+        raise too_large()
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            raise too_large()
+        parts.append(chunk)
+    return b"".join(parts)

@@ -13,7 +13,7 @@ import orjson
 
 from gateway.errors import UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.routing.policy import Tool
-from gateway.upstreams.sessions import new_session, proxy_for
+from gateway.upstreams.sessions import new_session, proxy_for, read_bounded
 
 MAX_TOOL_BODY = 4 * 1024 * 1024
 MAX_CONNECTIONS = 256
@@ -52,7 +52,8 @@ class ToolClient:
             async with request as response:
                 if response.status >= 400:
                     raise UpstreamError(f"tool `{name}` answered {response.status}")
-                body = await _read_bounded(name, response)
+                body = await read_bounded(response, MAX_TOOL_BODY, lambda: UpstreamReplyTooLarge(
+                    f"tool `{name}` answered with more than {MAX_TOOL_BODY} bytes"))
                 content_type = response.headers.get("content-type", "application/json")
         except TimeoutError as exc:
             raise UpstreamTimeout(f"tool `{name}` did not answer within {tool.timeout_s:g}s") from exc
@@ -65,18 +66,3 @@ class ToolClient:
             await self._session.close()
             self._session = None
 
-
-async def _read_bounded(name: str, response: aiohttp.ClientResponse) -> bytes:
-    too_large = UpstreamReplyTooLarge(f"tool `{name}` answered with more than {MAX_TOOL_BODY} bytes")
-    if response.content_length is not None and response.content_length > MAX_TOOL_BODY:
-        response.close()
-        raise too_large
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > MAX_TOOL_BODY:
-            response.close()
-            raise too_large
-        parts.append(chunk)
-    return b"".join(parts)
