@@ -144,11 +144,12 @@ class Accounting:
         except BudgetExceeded:
             self.headroom.forget(ctx.claims)
             gave_back = await self.ahead.give_back({claim.budget_id for claim in ctx.claims})
+            booked = await self.book_answered()
             uncounted = countable and ctx.prompt.counted is None
-            if not (uncounted or gave_back):
+            if not (uncounted or gave_back or booked):
                 raise  # a smaller hold would be a guess at what the provider may bill
-            # Held against the bound where a count may do, or beside money held ahead,
-            # and refused: it may still fit.
+            # Refused beside money held ahead or for calls already answered, or held against
+            # the bound where a count may do: it may still fit.
             if uncounted:
                 await ctx.prompt.count()
             needed, tokens = self.needed(ctx, policy, target, now)
@@ -294,6 +295,15 @@ class Accounting:
             self.spool.write(*booking)
         elif error is not None:
             log.error("background booking of %s failed", request_id, exc_info=error)
+
+    async def book_answered(self) -> bool:
+        """Book the calls this process has answered but not yet booked (pipeline/backlog.py),
+        so their holds give back what they did not spend: a client calling one call after
+        another must not be refused for its previous call's hold. Whether there were any."""
+        if not (len(self.backlog) or self._pending):
+            return False
+        await self.flush()
+        return True
 
     async def flush(self) -> None:
         """Once this returns, every settlement handed over so far is committed (or spooled):
