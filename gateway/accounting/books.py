@@ -26,6 +26,7 @@ from gateway.caching.response_cache import CachedAnswer
 from gateway.errors import BudgetExceeded, GatewayError, NotFound
 from gateway.pipeline.backlog import Backlog
 from gateway.pipeline.context import Attempt, RequestContext, Usage
+from gateway.pipeline.prompt_size import PromptSize
 from gateway.routing.policy import Budget
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 
@@ -113,12 +114,9 @@ class Accounting:
             claims.append(BudgetClaim(task.budget_id, f"task:{task.id}", f"task `{task.id}`"))
         return claims
 
-    def worst_case(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime,
-                   prompt_tokens: int) -> tuple[int, int]:
+    def worst_case(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime) -> tuple[int, int]:
         """(pico-dollars, tokens) one attempt on `target` can cost at most."""
-        d = policy.policy.defaults
-        ratio, per = d.prompt_margin_ratio.as_integer_ratio()  # integers: exact, and cheaper than Decimal
-        prompt = prompt_tokens + prompt_tokens * ratio // per + d.prompt_margin_tokens
+        prompt = hold_prompt_tokens(ctx.prompt, policy, target)
         return self.quote(target, now).worst_case_pico(prompt, ctx.max_output_tokens), prompt + ctx.max_output_tokens
 
     async def reserve(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None) -> None:
@@ -129,34 +127,42 @@ class Accounting:
     async def cover(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> None:
         """Before an attempt on `target`: make the holds cover its worst case plus what
         earlier attempts cost (their real cost, or their worst case while unknown).
-        Sized from the prompt's free upper bound while the budgets have ample room,
-        from the tokenizer's count otherwise (accounting/headroom.py)."""
+        The prompt is sized by its bound for any tokenizer (accounting/prompt_bound.py),
+        and refused at that size if it does not fit; where the provider counts with the
+        gateway's tokenizer, by the count instead once the budget nears its end
+        (accounting/headroom.py)."""
         if not ctx.claims:
             return
         now = datetime.now(UTC)
-        needed, tokens = self.needed(ctx, policy, target, now, ctx.prompt.best)
-        if ctx.prompt.counted is None and not self.headroom.ample(ctx.claims, needed):
-            needed, tokens = self.needed(ctx, policy, target, now, await ctx.prompt.count())
+        countable = counts_like_provider(ctx.prompt, policy, target)
+        needed, tokens = self.needed(ctx, policy, target, now)
+        if countable and ctx.prompt.counted is None and not self.headroom.ample(ctx.claims, needed):
+            await ctx.prompt.count()
+            needed, tokens = self.needed(ctx, policy, target, now)
         try:
             await self._top_up(ctx, policy, target, needed, tokens, now)
         except BudgetExceeded:
             self.headroom.forget(ctx.claims)
             gave_back = await self.ahead.give_back({claim.budget_id for claim in ctx.claims})
-            if ctx.prompt.counted is not None and not gave_back:
-                raise
-            # Held against the bound, or beside money held ahead, and refused: it may still fit.
-            needed, tokens = self.needed(ctx, policy, target, now, await ctx.prompt.count())
+            booked = await self.book_answered()
+            uncounted = countable and ctx.prompt.counted is None
+            if not (uncounted or gave_back or booked):
+                raise  # a smaller hold would be a guess at what the provider may bill
+            # Refused beside money held ahead or for calls already answered, or held against
+            # the bound where a count may do: it may still fit.
+            if uncounted:
+                await ctx.prompt.count()
+            needed, tokens = self.needed(ctx, policy, target, now)
             await self._top_up(ctx, policy, target, needed, tokens, now)
 
-    def needed(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime,
-               prompt_tokens: int) -> tuple[int, int]:
-        needed, tokens = self.worst_case(ctx, policy, target, now, prompt_tokens)
+    def needed(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime) -> tuple[int, int]:
+        needed, tokens = self.worst_case(ctx, policy, target, now)
         for attempt in ctx.attempts:
             if attempt.usage is not None:  # spent already (e.g. the answer a route escalated from)
                 needed += self.quote(attempt.target, now).cost_pico(attempt.usage)
                 tokens += attempt.usage.prompt_tokens + attempt.usage.completion_tokens
             elif attempt.status in UNCONFIRMED:
-                extra, extra_tokens = self.worst_case(ctx, policy, attempt.target, now, prompt_tokens)
+                extra, extra_tokens = self.worst_case(ctx, policy, attempt.target, now)
                 needed, tokens = needed + extra, tokens + extra_tokens
         return needed, tokens
 
@@ -290,6 +296,15 @@ class Accounting:
         elif error is not None:
             log.error("background booking of %s failed", request_id, exc_info=error)
 
+    async def book_answered(self) -> bool:
+        """Book the calls this process has answered but not yet booked (pipeline/backlog.py),
+        so their holds give back what they did not spend: a client calling one call after
+        another must not be refused for its previous call's hold. Whether there were any."""
+        if not (len(self.backlog) or self._pending):
+            return False
+        await self.flush()
+        return True
+
     async def flush(self) -> None:
         """Once this returns, every settlement handed over so far is committed (or spooled):
         readers of the ledger in this process call it first."""
@@ -320,6 +335,23 @@ class Accounting:
             "saved_pico": saved, "price_source": "response cache", "created_at": now, "day": now.date().isoformat(),
             "timeline": orjson.dumps(ctx.timeline.as_offsets_ms()).decode(),
         }], now)
+
+
+def counts_like_provider(prompt: PromptSize, policy: RuntimePolicy, target: ModelTarget) -> bool:
+    """Whether `target`'s provider counts prompts in the encoding `prompt` counts in."""
+    model = policy.policy.models.get(target.name)
+    return model is not None and model.provider_tokenizer == "tiktoken" and target.tokenizer == prompt.encoding
+
+
+def hold_prompt_tokens(prompt: PromptSize, policy: RuntimePolicy, target: ModelTarget) -> int:
+    """The prompt tokens a hold on `target` covers: the count plus the policy's margin
+    (for chat framing the count only estimates) where the provider counts like the
+    gateway and the prompt has been counted; otherwise the bound for any tokenizer."""
+    if prompt.counted is None or not counts_like_provider(prompt, policy, target):
+        return prompt.bound
+    d = policy.policy.defaults
+    ratio, per = d.prompt_margin_ratio.as_integer_ratio()  # integers: exact, and cheaper than Decimal
+    return min(prompt.bound, prompt.counted + prompt.counted * ratio // per + d.prompt_margin_tokens)
 
 
 def tenant_claim(tenant: str, budget: Budget, now: datetime) -> BudgetClaim:

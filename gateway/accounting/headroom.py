@@ -1,10 +1,12 @@
 """What each budget had left when this process last held against it.
 
-A hold is sized from the prompt's upper bound (accounting/tokens.py) when the budget
-has room for many such holds: an over-sized hold is released at settle and can only
-refuse somebody when the budget is nearly spent. Near the end - or when nothing is
-known yet, or the budget limits calls or tokens too (tasks) - the prompt is counted,
-so the last dollars go to exactly the requests that fit. The figure is a lower bound
+A hold is sized from the prompt's bound for any tokenizer (accounting/prompt_bound.py).
+Where the provider counts with the gateway's tiktoken encoding, that is needed only
+while the budget has room for many such holds: an over-sized hold is released at
+settle and can only refuse somebody when the budget is nearly spent. Near the end - or
+when nothing is known yet, or the budget limits calls or tokens too (tasks) - such a
+prompt is counted, so the last dollars go to exactly the requests that fit; any other
+prompt keeps its bound, the most its provider could bill. The figure is a lower bound
 in practice: settlements only ever give money back, and a stale figure costs one
 exact recount after a refusal, never an overspend (the hold itself is the atomic
 check in the ledger).

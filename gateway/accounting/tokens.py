@@ -1,15 +1,12 @@
-"""Prompt token counts with tiktoken, offline, and a free upper bound that often makes
-counting unnecessary.
+"""Prompt token counts with tiktoken, offline.
 
 tiktoken downloads its BPE files on first use; the pinned litellm wheel ships the
 cl100k_base and o200k_base files, so we point TIKTOKEN_CACHE_DIR at them (found via the
 installed package's location, without importing litellm). Counts serve admission,
-routing and budgeting only: the provider's reported usage is the billing truth.
-
-The bound: every token of a byte-level BPE covers at least one byte of its text, so a
-text's UTF-8 length bounds its token count from above. `str.isascii()` is a flag check,
-so for ASCII text the bound costs nothing; counting a 1k-token prompt costs ~0.3 ms of
-CPU and loading an encoding ~0.5 s and ~50 MB, which is why the gateway only counts
+routing and budgeting only: the provider's reported usage is the billing truth, and a
+budget hold uses a count only where the provider counts with the same encoding
+(accounting/prompt_bound.py bounds the rest). Counting a 1k-token prompt costs ~0.3 ms
+of CPU and loading an encoding ~0.5 s and ~50 MB, which is why the gateway only counts
 when a decision needs the exact figure (see pipeline/prompt_size.py).
 """
 
@@ -101,11 +98,6 @@ def count_text_tokens(text: str, encoding: str | Encoder = DEFAULT_ENCODING) -> 
     return len(_encoder(encoding).encode_ordinary(text))
 
 
-def text_bytes(text: str) -> int:
-    """UTF-8 length: an upper bound on the text's token count."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
 def _content_text(content: Any) -> Iterable[str]:
     if isinstance(content, str):
         yield content
@@ -138,11 +130,6 @@ def count_chat_tokens(messages: Any, encoding: str | Encoder = DEFAULT_ENCODING)
     """Estimate the prompt tokens of a chat request's `messages` list."""
     enc = _encoder(encoding)
     return sum(framing + (len(enc.encode_ordinary(text)) if text else 0) for framing, text in _chat_texts(messages))
-
-
-def chat_tokens_bound(messages: Any) -> int:
-    """An upper bound on `count_chat_tokens(messages)`, without a tokenizer."""
-    return sum(framing + text_bytes(text) for framing, text in _chat_texts(messages))
 
 
 class Tokenizers:

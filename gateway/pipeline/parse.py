@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import Encoder, chat_tokens_bound, count_chat_tokens, count_text_tokens, text_bytes
+from gateway.accounting.tokens import Encoder, count_chat_tokens, count_text_tokens
 from gateway.errors import InvalidRequest, MalformedJSON
 
 MAX_N = 128
@@ -60,6 +60,8 @@ def _check_messages(messages: Any) -> None:
 
 
 def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoder: str | Encoder) -> int:
+    """The prompt's tokens in a tiktoken encoding; its bound for any byte-level
+    tokenizer is accounting/prompt_bound.py's."""
     if endpoint == "chat.completions":
         tokens = count_chat_tokens(body.get("messages"), encoder)
         tools = body.get("tools")
@@ -67,15 +69,6 @@ def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoder: str | E
             tokens += count_text_tokens(orjson.dumps(tools).decode(), encoder)
         return tokens
     return sum(_text_tokens(item, encoder) for item in _inputs(endpoint, body))
-
-
-def prompt_tokens_bound(endpoint: str, body: dict[str, Any]) -> int:
-    """At least `estimate_prompt_tokens` for any encoding, without a tokenizer."""
-    if endpoint == "chat.completions":
-        tools = body.get("tools")
-        return chat_tokens_bound(body.get("messages")) + (len(orjson.dumps(tools)) if tools else 0)
-    return sum(text_bytes(item) if isinstance(item, str) else len(item) if isinstance(item, list) else 0
-               for item in _inputs(endpoint, body))
 
 
 def _inputs(endpoint: str, body: dict[str, Any]) -> list[Any]:

@@ -1,10 +1,11 @@
-"""How big a request's prompt is: a free upper bound at once, the tokenizer's count
+"""How big a request's prompt is: a bound for any tokenizer at once, the tiktoken count
 only when a decision needs it.
 
-Counting a 1k-token prompt costs ~0.3 ms of CPU - half of what the whole gateway may
-spend on a request - and most requests never need the exact figure: a budget with
-plenty left can hold against the bound (see accounting/headroom.py). Token-per-minute
-limits, prompt-length routes and budgets near their end ask for the count; it is
+The bound (accounting/prompt_bound.py) is what a budget hold covers unless the provider
+counts with the same tiktoken encoding: only then may a hold use the count, and only
+when the budget is near its end (accounting/headroom.py) - counting a 1k-token prompt
+costs ~0.3 ms of CPU, half of what the whole gateway may spend on a request.
+Token-per-minute limits and prompt-length routes also ask for the count; it is
 computed once per request and kept.
 """
 
@@ -13,21 +14,23 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gateway.accounting.prompt_bound import prompt_tokens_bound
 from gateway.accounting.tokens import Tokenizers
-from gateway.pipeline.parse import estimate_prompt_tokens, prompt_tokens_bound
+from gateway.pipeline.parse import estimate_prompt_tokens
 
-# Counting a prompt this large (in UTF-8 bytes) runs off the event loop.
+# Counting a prompt this large (its bound, about its UTF-8 bytes) runs off the event loop.
 OFF_LOOP_BYTES = 256 * 1024
 
 
 class PromptSize:
-    __slots__ = ("_body", "_counted", "_encoding", "_endpoint", "_tokenizers", "bound")
+    __slots__ = ("_body", "_counted", "_endpoint", "_tokenizers", "bound", "encoding")
 
     def __init__(self, endpoint: str, body: dict[str, Any], encoding: str, tokenizers: Tokenizers | None,
                  bound: int | None = None) -> None:
         self.bound = prompt_tokens_bound(endpoint, body) if bound is None else bound
+        self.encoding = encoding  # the tiktoken encoding `count` counts in
         self._counted: int | None = None
-        self._endpoint, self._body, self._encoding, self._tokenizers = endpoint, body, encoding, tokenizers
+        self._endpoint, self._body, self._tokenizers = endpoint, body, tokenizers
 
     @classmethod
     def empty(cls) -> PromptSize:
@@ -49,7 +52,7 @@ class PromptSize:
             if self._tokenizers is None or not self.bound:
                 self._counted = self.bound
             else:
-                encoder = await self._tokenizers.get(self._encoding)
+                encoder = await self._tokenizers.get(self.encoding)
                 if self.bound >= OFF_LOOP_BYTES:
                     self._counted = await asyncio.to_thread(estimate_prompt_tokens, self._endpoint, self._body, encoder)
                 else:

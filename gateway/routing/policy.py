@@ -101,10 +101,20 @@ class Model(Strict):
     upstream_model: str | None = Field(default=None, description="name sent upstream; defaults to the key")
     price: Price | None = None
     tokenizer: Tokenizer | None = Field(default=None, description="tiktoken encoding for estimates")
+    provider_tokenizer: Literal["tiktoken", "unknown"] = Field(default="unknown", description=(
+        "tiktoken: the provider counts prompts with this model's `tokenizer` (OpenAI's models on OpenAI's API), so budget "
+        "holds may use that count; unknown: holds cover what any byte-level tokenizer could count (README: Money)"))
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     limits: RateLimits | None = None
     fallbacks: list[Name] = Field(default_factory=list, description="models to fail over to when this one's upstream keeps failing")
     cache: bool | None = Field(default=None, description="opt this model's answers in (true) or out (false) of the response cache")
+
+    @model_validator(mode="after")
+    def _names_the_providers_encoding(self) -> Model:
+        # The default encoding is a guess for estimates; a count that holds money must be in the provider's own.
+        if self.provider_tokenizer == "tiktoken" and self.tokenizer is None:
+            raise ValueError("`provider_tokenizer: tiktoken` needs `tokenizer`: the encoding the provider counts with")
+        return self
 
 
 class Budget(Strict):
@@ -217,8 +227,8 @@ class Defaults(Strict):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     tokenizer: Tokenizer = "o200k_base"
     task_limits: TaskLimits = Field(default_factory=TaskLimits)
-    # tiktoken's count estimates the provider's; holds add this much so a prompt that
-    # tokenizes longer upstream still fits inside what was reserved.
+    # Holds sized from a count (models with `provider_tokenizer: tiktoken`) add this much:
+    # the count estimates chat framing and tool definitions, which the provider counts its way.
     prompt_margin_ratio: Annotated[Decimal, Field(ge=0, le=1)] = Decimal("0.02")
     prompt_margin_tokens: Annotated[int, Field(ge=0, le=10_000)] = 8
     retry: Retry = Field(default_factory=Retry)

@@ -40,12 +40,20 @@ def _run_hosted(args: argparse.Namespace) -> int:
         cut_stream_rate=args.cut_stream_rate,
         malformed_rate=args.malformed_rate,
         prompt_caching=not args.no_prompt_caching,
+        tokens_per_tiktoken=args.tokens_per_tiktoken,
         embedding_dims=args.embedding_dims,
         quality=dict(args.quality_profile or []),
     )
     if args.model:
         config.models = list(args.model)
     return _serve("hosted simulator", create_hosted_app(config), args)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
 
 
 def _quality_profile(text: str) -> tuple[str, Any]:
@@ -112,6 +120,8 @@ def add_sim_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     hosted.add_argument("--cut-stream-rate", type=float, default=0.0)
     hosted.add_argument("--malformed-rate", type=float, default=0.0)
     hosted.add_argument("--no-prompt-caching", action="store_true")
+    hosted.add_argument("--tokens-per-tiktoken", type=_positive_float, default=1.0, metavar="RATIO",
+                        help="prompt tokens counted (and billed) per tiktoken token: a provider with another tokenizer")
     hosted.add_argument("--embedding-dims", type=int, default=64)
     hosted.add_argument("--quality-profile", action="append", type=_quality_profile, metavar="MODEL=FAIL,SILENT",
                         help="share of prompts MODEL answers failing a verifiable check / silently wrong (repeat);"

@@ -211,7 +211,7 @@ def _cached_tokens(state: HostedState, call: Call, answer: Answer) -> int:
         return 0
     scope = f"{call.model}\x00{call.body.get('prompt_cache_key') or ''}"
     cached = sum(state.prompt_cache.lookup_and_store(scope, tokens) for tokens in answer.cache_sources())
-    return min(cached, answer.prompt_tokens)
+    return min(state.provider_tokens(cached), answer.prompt_tokens)
 
 
 async def _answer(state: HostedState, call: Call, answer: Answer, receive: Receive, send: Send) -> None:
@@ -311,7 +311,7 @@ async def chat(state: HostedState, request: HttpRequest, receive: Receive, send:
     answer = Answer(
         "chat",
         plans,
-        count_chat_tokens(messages, encoding),
+        state.provider_tokens(count_chat_tokens(messages, encoding)),
         lambda: [token_ids(render_chat(messages, tools), encoding)],
         truth,
     )
@@ -331,7 +331,8 @@ async def completions(state: HostedState, request: HttpRequest, receive: Receive
         return
     encoding = encoding_name_for_model(call.model)
     tokens = [token_ids(p, encoding) for p in prompts]
-    answer = Answer("completion", plans, sum(len(t) for t in tokens), lambda: tokens)
+    counted = sum(state.provider_tokens(len(t)) if isinstance(p, str) else len(t) for p, t in zip(prompts, tokens, strict=True))
+    answer = Answer("completion", plans, counted, lambda: tokens)
     await _answer(state, call, answer, receive, send)
 
 
@@ -361,7 +362,7 @@ async def embeddings(state: HostedState, request: HttpRequest, receive: Receive,
         await _bad_request(state, send, call, error)
         return
     encoding = encoding_name_for_model(call.model)
-    tokens = sum(count_text_tokens(x, encoding) if isinstance(x, str) else len(x) for x in inputs)
+    tokens = sum(state.provider_tokens(count_text_tokens(x, encoding)) if isinstance(x, str) else len(x) for x in inputs)
     admitted, fault = await _gate(state, call, send, tokens)
     if not admitted:
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ class HostedSimConfig:
     cut_stream_rate: float = 0.0  # streams dropped mid-way: no finish chunk, usage or [DONE]
     malformed_rate: float = 0.0  # 200 with a body that is not valid JSON
     prompt_caching: bool = True
+    # Prompt tokens this provider's tokenizer counts per tiktoken token of the same text
+    # (2.0: a tokenizer that splits finer). Usage, limits and the usage report all say
+    # its count; prompts given as token ids are its own tokens and count as themselves.
+    tokens_per_tiktoken: float = 1.0
     # Off by default: many OpenAI-compatible servers take no key, and DESIGN's minimal
     # policy names none. On, it answers 401 without a bearer key, as OpenAI does.
     require_auth: bool = False
@@ -88,6 +93,11 @@ class HostedState:
     def next_counter(self) -> int:
         self.counter += 1
         return self.counter
+
+    def provider_tokens(self, tiktoken_tokens: int) -> int:
+        """How many tokens this provider counts for text tiktoken counts this many of."""
+        factor = self.config.tokens_per_tiktoken
+        return tiktoken_tokens if factor == 1.0 else math.ceil(tiktoken_tokens * factor)
 
     def record_usage(
         self, kind: str, model: str, key_id: str, request_id: str, input_tokens: int, cached: int, output: int

@@ -44,6 +44,8 @@ def write_policy(path: Path, hosted: str, capped_key: str, task_key: str) -> Non
           gpt-4o-mini:
             upstream: hosted
             price: {{input: 0.15, output: 0.60}}
+            tokenizer: o200k_base        # what the simulator counts with, by default
+            provider_tokenizer: tiktoken
         tenants:
           capped:
             api_keys: ["{key_digest(capped_key)}"]

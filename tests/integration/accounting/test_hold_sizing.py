@@ -1,6 +1,8 @@
 """Holds sized from the prompt's free bound, and money held ahead of demand, never cost
 a request that fits: when a budget shrinks under a running gateway, the next request is
-held at its counted size and still goes through; the one after that is refused."""
+held at its counted size and still goes through; the one after that is refused. That is
+for a provider known to count with the gateway's tokenizer; for any other, a request is
+held at its bound for any tokenizer, and refused when that does not fit."""
 
 from __future__ import annotations
 
@@ -27,9 +29,14 @@ def with_budget(text: str) -> str:
     return text.replace("  acme:\n", '  acme:\n    budget: {usd: "1000.00", period: month}\n', 1)
 
 
+def counted_like_the_simulator(text: str) -> str:
+    """The simulator counts prompts with tiktoken's o200k_base, as OpenAI does for gpt-4o-mini."""
+    return with_budget(text).replace("  gpt-4o-mini:\n", "  gpt-4o-mini:\n    tokenizer: o200k_base\n    provider_tokenizer: tiktoken\n", 1)
+
+
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
-    with running_stack(tmp_path, edit_policy=with_budget) as running:
+    with running_stack(tmp_path, edit_policy=counted_like_the_simulator) as running:
         yield running
 
 
@@ -61,6 +68,27 @@ def test_a_budget_cut_to_one_more_request_still_admits_it(stack: Stack) -> None:
     assert third.status_code == 429 and third.json()["error"]["code"] == "insufficient_quota", third.text
     assert ahead_holds(engine) == ["released"], "given back so the request that fits could hold"
     engine.dispose()
+
+
+def test_a_provider_with_an_unknown_tokenizer_is_held_at_the_bound_and_refused_when_it_does_not_fit(tmp_path: Path) -> None:
+    with running_stack(tmp_path, edit_policy=with_budget) as stack:  # gpt-4o-mini's tokenizer is not declared
+        first = ask(stack)
+        assert first.status_code == 200, first.text
+        spent = Decimal(first.headers["x-gateway-cost-usd"])
+        worst_case = Decimal(count_chat_tokens(MESSAGES) * INPUT_PICO + MAX_TOKENS * OUTPUT_PICO).scaleb(-12)
+        engine = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
+        wait_until(lambda: ahead_holds(engine) == ["reserved"])
+
+        before = reload_count(stack, "ok")
+        stack.policy_path.write_text(stack.policy_path.read_text().replace('usd: "1000.00"', f'usd: "{spent + worst_case}"'))
+        wait_until(lambda: reload_count(stack, "ok") > before)
+
+        # Its tiktoken count would fit, but another tokenizer may count more: no guess.
+        second = ask(stack)
+        assert second.status_code == 429 and second.json()["error"]["code"] == "insufficient_quota", second.text
+        assert second.headers["x-should-retry"] == "false"
+        assert ahead_holds(engine) == ["released"], "given back before refusing"
+        engine.dispose()
 
 
 def ahead_holds(engine: Engine) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.accounting.tokens import count_chat_tokens, count_text_tokens
 from tests.integration.sim.conftest import RunningHosted
 
 HELLO: list[Any] = [{"role": "user", "content": "Say hello"}]
@@ -17,7 +19,7 @@ ADMIN = {"authorization": "Bearer sk-admin"}
 
 def chat(sim: RunningHosted, key: str, model: str, **extra: Any) -> httpx.Response:
     response = httpx.post(f"{sim.url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                          json={"model": model, "messages": HELLO, **extra})
+                          json={"model": model, "messages": HELLO} | extra)
     response.raise_for_status()
     return response
 
@@ -79,3 +81,28 @@ def test_report_needs_a_key_and_a_start_time(start_hosted: Callable[..., Running
     sim = start_hosted()
     assert httpx.get(f"{sim.url}/v1/organization/usage/completions", params={"start_time": 0}).status_code == 401
     assert httpx.get(f"{sim.url}/v1/organization/usage/completions", headers=ADMIN).status_code == 400
+
+
+def test_a_provider_whose_tokenizer_counts_twice_as_many_bills_its_own_count(start_hosted: Callable[..., RunningHosted]) -> None:
+    sim = start_hosted(tokens_per_tiktoken=2.0)
+    messages = [{"role": "user", "content": "Name three rivers that flow through Europe, with one fact each."}]
+    plain = chat(sim, "sk-alice", "gpt-4o-mini", messages=messages).json()["usage"]
+    assert plain["prompt_tokens"] == 2 * count_chat_tokens(messages, "o200k_base")
+    assert plain["total_tokens"] == plain["prompt_tokens"] + plain["completion_tokens"]
+    streamed = httpx.post(f"{sim.url}/v1/chat/completions", headers={"authorization": "Bearer sk-alice"},
+                          json={"model": "gpt-4o-mini", "messages": messages, "stream": True,
+                                "stream_options": {"include_usage": True}}).text
+    last = json.loads([line for line in streamed.split("\n\n") if line.startswith("data: {")][-1].removeprefix("data: "))
+    assert last["usage"]["prompt_tokens"] == plain["prompt_tokens"]
+
+    text = httpx.post(f"{sim.url}/v1/completions", json={"model": "gpt-4o-mini", "prompt": "Once upon a time"}).json()
+    assert text["usage"]["prompt_tokens"] == 2 * count_text_tokens("Once upon a time", "o200k_base")
+    ids = httpx.post(f"{sim.url}/v1/completions", json={"model": "gpt-4o-mini", "prompt": [101, 2023, 2003]}).json()
+    assert ids["usage"]["prompt_tokens"] == 3, "token ids are the provider's own tokens"
+    embedded = httpx.post(f"{sim.url}/v1/embeddings", json={"model": "text-embedding-3-small", "input": "embed me"}).json()
+    assert embedded["usage"]["prompt_tokens"] == 2 * count_text_tokens("embed me", "cl100k_base")
+
+    [bucket] = report(sim, "usage/completions", bucket_width="1d")["data"]
+    [result] = bucket["results"]
+    prompts = [plain["prompt_tokens"], last["usage"]["prompt_tokens"], text["usage"]["prompt_tokens"], 3]
+    assert (result["input_tokens"], result["num_model_requests"]) == (sum(prompts), 4), "the report bills what usage said"

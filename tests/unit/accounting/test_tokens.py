@@ -1,4 +1,4 @@
-"""The light encoder counts exactly like tiktoken's own, and the byte bound is never
+"""The light encoder counts exactly like tiktoken's own, and the prompt's bound is never
 below the count - for English, other scripts, emoji and code alike."""
 
 from __future__ import annotations
@@ -9,14 +9,13 @@ import threading
 
 import pytest
 
+from gateway.accounting.prompt_bound import prompt_tokens_bound
 from gateway.accounting.tokens import (
     Tokenizers,
-    chat_tokens_bound,
     count_chat_tokens,
     count_text_tokens,
     get_encoding,
     load_encoder,
-    text_bytes,
 )
 
 SAMPLES = [
@@ -46,22 +45,21 @@ def test_light_encoder_counts_exactly_like_tiktoken(encoding: str) -> None:
 
 
 @pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
-def test_the_byte_bound_is_never_below_the_count(encoding: str) -> None:
+def test_the_bound_is_never_below_the_count(encoding: str) -> None:
     rng = random.Random(11)
     texts = SAMPLES + [_random_text(rng) for _ in range(300)]
     for text in texts:
-        assert text_bytes(text) >= count_text_tokens(text, encoding)
+        assert prompt_tokens_bound("completions", {"prompt": text}) >= count_text_tokens(text, encoding)
     messages = [{"role": "system", "content": texts[0], "name": "planner"},
                 {"role": "user", "content": [{"type": "text", "text": t} for t in texts[1:6]]},
                 {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "lookup", "arguments": texts[6]}}]}]
-    assert chat_tokens_bound(messages) >= count_chat_tokens(messages, encoding)
-    assert chat_tokens_bound([]) == count_chat_tokens([], encoding)  # framing only
+    assert prompt_tokens_bound("chat.completions", {"messages": messages}) >= count_chat_tokens(messages, encoding)
+    assert prompt_tokens_bound("chat.completions", {"messages": []}) >= count_chat_tokens([], encoding)  # framing only
 
 
-def test_text_bytes_is_the_utf8_length() -> None:
-    for text in SAMPLES:
-        assert text_bytes(text) == len(text.encode())
-    assert text_bytes("\ud800") == 3  # a lone surrogate (valid JSON escape) does not raise
+def test_a_lone_surrogate_does_not_break_the_bound() -> None:
+    # A valid JSON escape that orjson refuses but Python's json module lets through.
+    assert prompt_tokens_bound("completions", {"prompt": "\ud800"}) >= 3
 
 
 def test_an_encoding_is_loaded_once_however_many_ask_at_once() -> None:
