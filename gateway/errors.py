@@ -134,6 +134,10 @@ class NotReady(GatewayError):
     type = "server_error"
     code = "not_ready"
     retryable = True
+    RETRY_AFTER_S = 2  # what a dependency's outage usually takes to be noticed over, or to pass
+
+    def response_headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.RETRY_AFTER_S), **super().response_headers()}
 
 
 class AllUpstreamsFailed(UpstreamError):

@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.database import begin_statement
 from gateway.accounting.native import Native, Staged
+from gateway.telemetry.outage import OutageLog
 
 log = logging.getLogger("gateway.ledger")
 T = TypeVar("T")
@@ -122,6 +123,7 @@ class GroupCommitWriter:
         self.one_trip = engine.dialect.name != "sqlite"
         self.batches = 0
         self.ops = 0
+        self.outage = OutageLog(log, "ledger database")  # one line per change of state, a summary while down
 
     def start(self) -> None:
         self._thread.start()
@@ -216,10 +218,15 @@ class GroupCommitWriter:
                 else:  # a lone operation that failed: nothing to keep
                     conn.rollback()
         except Exception as exc:  # nothing in the batch is durable
-            log.exception("ledger commit failed for %d operations", len(batch))
             self._discard()  # its state is unknown; closing it rolls back whatever is open
             own = culprit is not None and not isinstance(exc, self._driver_errors)  # a bug in one op, not the database
+            if own:
+                log.exception("ledger commit failed for %d operations", len(batch))
+            else:
+                self.outage.failed(exc, "failed commits")
             finished = [(op, (False, exc if own and op is culprit else self._unavailable(exc))) for op in batch]
+        else:
+            self.outage.recovered()
         self.batches += 1
         self.ops += len(finished)
         for op, (ok, value) in finished:
