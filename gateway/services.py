@@ -91,6 +91,7 @@ class Services:
         migrate(writer_engine)
         reader = make_engine(url)
         writer = GroupCommitWriter(writer_engine)
+        metrics.watch_ledger(lambda: writer.batches, lambda: writer.ops)
         ledger = Ledger(writer)
         accounting = Accounting(ledger, catalog, TaskStore(writer, reader), SettlementSpool(settings.gateway_var_dir))
         accounting.warm_headroom(reader, policies.current, datetime.now(UTC))
@@ -119,7 +120,7 @@ class Services:
         replayed = await self.accounting.spool.replay(self.ledger)
         if replayed:
             log.warning("booked %d settlements spooled while the ledger was unavailable", replayed)
-        expired = await self.ledger.expire_orphans(datetime.now(UTC))
+        expired = await self.ledger.expire_orphans(datetime.now(UTC), self.accounting.orphan_estimate(self.policies.current))
         if expired:
             log.warning("expired %d reservations whose usage was never confirmed", expired)
         return expired
@@ -163,7 +164,6 @@ class Services:
         await self.tools.client.aclose()
         if self.redis is not None:
             await self.redis.aclose()
-        await self.accounting.ahead.drain()  # holds made ahead that no request drew on go back to their budgets
         await self.accounting.flush()  # settlements still committing in the background
         await self.writer.stop()
         self.writer.engine.dispose()

@@ -26,7 +26,7 @@ class Settings(BaseModel):
     gateway_var_dir: Path = Path("var")
     gateway_policy_poll_s: float = Field(default=1.0, gt=0)
     gateway_pricing_dir: Path = Field(default=Path(__file__).resolve().parent.parent / "pricing")
-    gateway_sweep_interval_s: float = Field(default=30.0, gt=0)
+    gateway_sweep_interval_s: float = Field(default=5.0, gt=0)  # a dead replica's holds end seconds after their deadline
 
     @model_validator(mode="before")
     @classmethod

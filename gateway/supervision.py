@@ -1,10 +1,10 @@
 """A worker of `gateway serve --workers N` stops with its supervisor.
 
 uvicorn's supervisor stops its workers when it is told to stop, but if it is killed
-outright (SIGKILL, the OOM killer) they go on serving the port, holding their holds
-made ahead, and a gateway started again finds the port taken. So the supervisor names
-itself in the environment its workers inherit, and each worker asks Linux for a SIGTERM
-- a graceful stop, that gives its unused holds back - when its parent dies."""
+outright (SIGKILL, the OOM killer) they go on serving the port, and a gateway started
+again finds the port taken. So the supervisor names itself in the environment its
+workers inherit, and each worker asks Linux for a SIGTERM - a graceful stop, that
+finishes and books the calls under way - when its parent dies."""
 
 from __future__ import annotations
 

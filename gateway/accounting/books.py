@@ -14,9 +14,8 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import Engine, bindparam, text
 
-from gateway.accounting.ahead import AheadKey, HoldsAhead
 from gateway.accounting.headroom import Headroom
-from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, expiry
+from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, OrphanEstimate, TypicalCall, as_datetime, expiry
 from gateway.accounting.money import pico_from_usd
 from gateway.accounting.prices import PriceCatalog, PriceQuote
 from gateway.accounting.spool import SettlementSpool
@@ -66,7 +65,6 @@ class Accounting:
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
         self.headroom = Headroom()
-        self.ahead = HoldsAhead(ledger, spool)
         self.backlog = Backlog()  # answered calls waiting to be booked (pipeline/backlog.py)
         self._pending: set[asyncio.Future[bool]] = set()  # settlements committing in the background
         self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
@@ -130,10 +128,14 @@ class Accounting:
         The prompt is sized by its bound for any tokenizer (accounting/prompt_bound.py),
         and refused at that size if it does not fit; where the provider counts with the
         gateway's tokenizer, by the count instead once the budget nears its end
-        (accounting/headroom.py)."""
-        if not ctx.claims:
-            return
+        (accounting/headroom.py). A request no budget limits gets a hold all the same,
+        limiting nothing: every call is on record before it is sent."""
         now = datetime.now(UTC)
+        if not ctx.claims:
+            if not ctx.holds:
+                needed, tokens = self.needed(ctx, policy, target, now)
+                ctx.holds.append(await self._hold(ctx, policy, target, needed, tokens, now))
+            return
         countable = counts_like_provider(ctx.prompt, policy, target)
         needed, tokens = self.needed(ctx, policy, target, now)
         if countable and ctx.prompt.counted is None and not self.headroom.ample(ctx.claims, needed):
@@ -143,13 +145,12 @@ class Accounting:
             await self._top_up(ctx, policy, target, needed, tokens, now)
         except BudgetExceeded:
             self.headroom.forget(ctx.claims)
-            gave_back = await self.ahead.give_back({claim.budget_id for claim in ctx.claims})
             booked = await self.book_answered()
             uncounted = countable and ctx.prompt.counted is None
-            if not (uncounted or gave_back or booked):
+            if not (uncounted or booked):
                 raise  # a smaller hold would be a guess at what the provider may bill
-            # Refused beside money held ahead or for calls already answered, or held against
-            # the bound where a count may do: it may still fit.
+            # Refused beside money held for calls already answered, or held against the
+            # bound where a count may do: it may still fit.
             if uncounted:
                 await ctx.prompt.count()
             needed, tokens = self.needed(ctx, policy, target, now)
@@ -171,30 +172,34 @@ class Accounting:
         held = sum(h.amount_pico for h in ctx.holds)
         if needed <= held:
             return
-        defaults = policy.policy.defaults
-        ahead = self._ahead_key(ctx, target) if defaults.hold_ahead_s and not ctx.holds else None
-        hold = None
-        if ahead is not None:
-            hold = await self.ahead.draw(ahead, needed, tokens, ctx.deadline + defaults.reservation_grace_s, ctx.request_id)
-        if hold is None:
-            hold = await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now)
-            for claim in ctx.claims:  # the smallest room left over all claims: a safe figure for each
-                self.headroom.record(claim.budget_id, hold.headroom_pico)
+        hold = await self._hold(ctx, policy, target, needed - held, max(0, tokens - sum(h.tokens for h in ctx.holds)), now)
+        for claim in ctx.claims:  # the smallest room left over all claims: a safe figure for each
+            self.headroom.record(claim.budget_id, hold.headroom_pico)
         ctx.holds.append(hold)
-        if ahead is not None and self.headroom.ample(ctx.claims, needed):
-            # Sized a little over this request, so that the next one's prompt may be longer.
-            self.ahead.prepare(ahead, ctx.claims[0], needed + needed // 4, tokens + tokens // 4, defaults.hold_ahead_s,
-                               defaults.request_timeout_s + defaults.reservation_grace_s)
 
-    @staticmethod
-    def _ahead_key(ctx: RequestContext, target: ModelTarget) -> AheadKey | None:
-        """Requests on a tenant budget alone get holds made ahead; task budgets limit
-        calls and tokens too, and live too briefly for it."""
-        if len(ctx.claims) != 1 or not ctx.claims[0].scope.startswith("tenant:"):
-            return None
-        claim = ctx.claims[0]
-        return AheadKey(ctx.tenant, ctx.key_id, ctx.endpoint, target.name, target.upstream_model, target.upstream,
-                        claim.budget_id, claim.limit_pico)
+    def orphan_estimate(self, policy: RuntimePolicy) -> OrphanEstimate:
+        """How the sweeper prices a hold whose request never settled (its replica died
+        mid-call): the prompt held for, scaled by how the model's recent calls' billed
+        prompts compared with what was held for them, plus the model's mean answer
+        length (never more than the call's output bound; the bound itself while nothing
+        is known), at the price of the day the call started. The provider's bill for the
+        call lies between nothing and the hold, and so does this estimate."""
+
+        def estimate(row: dict[str, Any], typical: TypicalCall) -> tuple[int, tuple[int, int] | None, str]:
+            target = policy.targets.get(row["model"])
+            bound = row["max_output_tokens"]
+            if target is None or not bound:
+                return row["amount_pico"], None, "no usage was confirmed before the reservation expired; charged its worst case"
+            output = bound if typical.output_tokens is None else min(bound, typical.output_tokens)
+            usage = Usage(prompt_tokens=typical.prompt_tokens(row["prompt_tokens_est"]), completion_tokens=output)
+            cost = self.quote(target, as_datetime(row["created_at"])).cost_pico(usage)
+            if row["amount_pico"]:
+                cost = min(cost, row["amount_pico"])
+            known = "the output bound" if typical.output_tokens is None else "the model's mean answer"
+            return cost, (usage.prompt_tokens, output), (
+                f"its replica stopped before the call's usage was booked; estimated at the prompt plus {known} ({output} tokens)")
+
+        return estimate
 
     def warm_headroom(self, reader: Engine, policy: RuntimePolicy, now: datetime) -> None:
         """What each tenant budget has left, read once at start-up, so the first requests
@@ -219,6 +224,7 @@ class Accounting:
             upstream_model=target.upstream_model, upstream=target.upstream, endpoint=ctx.endpoint, amount_pico=amount, tokens=tokens,
             prompt_tokens_est=ctx.prompt.best, now=now,
             expires_at=expiry(deadline_s, now, policy.policy.defaults.reservation_grace_s), sequence=len(ctx.holds),
+            max_output_tokens=ctx.max_output_tokens,
         )
         return await self.ledger.reserve(request, ctx.claims)
 
@@ -239,7 +245,7 @@ class Accounting:
         pending = False
         for number, attempt in enumerate(ctx.attempts, start=1):
             quote, a_cost, a_saved, at = self._priced(attempt)
-            usage = attempt.usage
+            usage = attempt.usage or attempt.estimated
             if usage is None and attempt.status in UNCONFIRMED:
                 pending = True
             cost += a_cost
@@ -259,7 +265,7 @@ class Accounting:
         """(quote, cost, saved, when it ran) of one attempt."""
         at = datetime.fromtimestamp(attempt.timeline.wall_start, UTC)
         quote = self.quote(attempt.target, at)
-        usage = attempt.usage
+        usage = attempt.usage or attempt.estimated
         if usage is None:
             return quote, 0, 0, at
         return quote, quote.cost_pico(usage), quote.saved_pico(usage), at
@@ -271,8 +277,8 @@ class Accounting:
         unbooked."""
         try:
             await self.ledger.settle(holds, charged, used, events, now)
-        except LedgerUnavailable:
-            log.exception("ledger unavailable; settlement of %s spooled for replay", request_id)
+        except LedgerUnavailable as exc:
+            self.ledger.writer.outage.failed(exc, "settlements spooled for replay")
             self.spool.write(holds, charged, used, events, now)
 
     def book_later(self, request_id: str, booking: _Booking) -> None:
@@ -291,7 +297,7 @@ class Accounting:
         self._pending.discard(future)
         error = None if future.cancelled() else future.exception()
         if isinstance(error, LedgerUnavailable):
-            log.error("ledger unavailable; settlement of %s spooled for replay", request_id, exc_info=error)
+            self.ledger.writer.outage.failed(error, "settlements spooled for replay")
             self.spool.write(*booking)
         elif error is not None:
             log.error("background booking of %s failed", request_id, exc_info=error)
@@ -367,13 +373,14 @@ def tenant_claim(tenant: str, budget: Budget, now: datetime) -> BudgetClaim:
 
 def _event(ctx: RequestContext, attempt: Attempt, number: int, hold: Hold | None, quote: PriceQuote,
            cost: int, saved: int, at: datetime) -> dict[str, object]:
-    usage = attempt.usage or Usage()
+    usage = attempt.usage or attempt.estimated or Usage()
     return {
         "request_id": ctx.request_id, "attempt": number, "reservation_id": hold.id if hold else None,
         "tenant": ctx.tenant, "key_id": ctx.key_id, "task_id": ctx.task_id, "kind": "model", "endpoint": ctx.endpoint,
         "model": attempt.target.name, "upstream_model": attempt.target.upstream_model, "upstream": attempt.target.upstream, "replica": attempt.replica,
         "provider_request_id": attempt.provider_request_id, "route": ctx.route, "status": attempt.status,
         "http_status": attempt.http_status, "error": attempt.error, "usage_known": attempt.usage is not None,
+        "estimated": attempt.usage is None and attempt.estimated is not None,
         "prompt_tokens_est": ctx.prompt.best, "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.cache_write_tokens,
         "completion_tokens": usage.completion_tokens, "reasoning_tokens": usage.reasoning_tokens,

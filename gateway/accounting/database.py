@@ -113,6 +113,13 @@ def _v3_lean_indexes(conn: Connection) -> None:
         index.create(conn, checkfirst=True)
 
 
+def _v4_estimated_usage(conn: Connection) -> None:
+    if "estimated" not in {c["name"] for c in inspect(conn).get_columns("usage_events")}:
+        conn.exec_driver_sql("ALTER TABLE usage_events ADD COLUMN estimated BOOLEAN NOT NULL DEFAULT FALSE")
+    if "max_output_tokens" not in {c["name"] for c in inspect(conn).get_columns("reservations")}:
+        conn.exec_driver_sql("ALTER TABLE reservations ADD COLUMN max_output_tokens INTEGER NOT NULL DEFAULT 0")
+
+
 def _declared_indexes() -> list[Index]:
     return [*reservations.indexes, *usage_events.indexes]
 
@@ -123,6 +130,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (1, _v1_initial),
     (2, _v2_route_verdicts),
     (3, _v3_lean_indexes),
+    (4, _v4_estimated_usage),
 ]
 
 

@@ -12,9 +12,11 @@ Group commit (see writer.py) keeps that from costing a lone fsync per request.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from functools import cache
 from typing import Any
 
@@ -42,10 +44,8 @@ LEFT = "limit_pico - spent_pico - reserved_pico"
 HOLD_RETURNING = f"{HOLD} RETURNING {LEFT}"
 BUDGET_LEFT = f"SELECT {LEFT} FROM budgets WHERE id = :id"
 BUDGET_STATE = "SELECT limit_pico, reserved_pico, spent_pico, calls_limit, calls_used FROM budgets WHERE id = :id"
-# A hold made ahead of demand (accounting/ahead.py) learns here which request drew on it.
 END_RESERVATION = (
-    "UPDATE reservations SET state = :state, settled_pico = :charged, ended_at = :now,"
-    " request_id = COALESCE(:drawn_by, request_id) WHERE id = :id AND state = 'reserved'"
+    "UPDATE reservations SET state = :state, settled_pico = :charged, ended_at = :now WHERE id = :id AND state = 'reserved'"
 )
 MOVE_TO_SPENT = (
     "UPDATE budgets SET reserved_pico = reserved_pico - :amount, spent_pico = spent_pico + :charged,"
@@ -85,15 +85,29 @@ INSERT_EVENT = insert_sql("usage_events", [c.name for c in EVENT_COLUMNS])
 EVENT_DEFAULTS: dict[str, Any] = {c.name: c.default.arg if isinstance(c.default, ColumnDefault) and c.default.is_scalar else None
                                   for c in EVENT_COLUMNS}
 ORPHAN_COLUMNS = ("id", "budget_ids", "amount_pico", "tokens", "request_id", "tenant", "key_id", "task_id", "model",
-                  "upstream_model", "upstream", "endpoint", "prompt_tokens_est", "created_at")
+                  "upstream_model", "upstream", "endpoint", "prompt_tokens_est", "max_output_tokens", "created_at")
+# What a model's calls with known usage looked like over the last week: the mean answer
+# length, and the prompt tokens billed against the prompt sizes the gateway held for.
+TYPICAL_CALL = ("SELECT avg(completion_tokens), sum(prompt_tokens), sum(prompt_tokens_est) FROM usage_events"
+                " WHERE model = :model AND day >= :since AND kind = 'model' AND usage_known = :known")
+
+
+@dataclass(frozen=True, slots=True)
+class TypicalCall:
+    """A model's recent calls, for estimating one whose usage is unknown."""
+
+    output_tokens: int | None = None  # None: no call with known usage yet
+    prompt_ratio: Fraction = Fraction(1)  # billed prompt tokens per prompt token held for
+
+    def prompt_tokens(self, held_for: int) -> int:
+        return math.ceil(held_for * min(Fraction(1), self.prompt_ratio))
 ORPHANS = f"SELECT {', '.join(ORPHAN_COLUMNS)} FROM reservations WHERE state = 'reserved' AND expires_at < :now"
 # What an expired hold's `unconfirmed` event copies from its reservation row.
 ORPHAN_EVENT_FIELDS = ("request_id", "tenant", "key_id", "task_id", "endpoint", "model", "upstream_model", "upstream",
                        "prompt_tokens_est")
-# The request id of a hold made ahead of demand, until a request draws on it.
+# The request id of a hold made ahead of demand by versions before every call had a hold
+# of its own; such a hold may still be open in a ledger from before the upgrade.
 AHEAD = "ahead_"
-AHEAD_HOLD = f"rsv_{AHEAD}"
-NAME_REQUEST = f"UPDATE reservations SET request_id = :request_id WHERE id = :id AND substr(request_id, 1, {len(AHEAD)}) = '{AHEAD}'"
 # PostgreSQL, the common settlement (one hold, one event) in one round trip.
 BOOK_END_AND_SPEND = f"WITH booked AS ({INSERT_EVENT} RETURNING 1), {END_AND_SPEND.removeprefix('WITH ')}"
 
@@ -118,8 +132,6 @@ class Hold:
     # The least any money-limited claim had left once this hold was in (limit - spent -
     # reserved); None when no claim has a money limit. Known when the hold was made.
     headroom_pico: int | None = None
-    # A hold made ahead of demand: the request that drew on it (recorded at settle).
-    claimed_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +150,7 @@ class HoldRequest:
     expires_at: datetime
     now: datetime
     sequence: int = 0
+    max_output_tokens: int = 0
     # Hold only if each money-limited claim keeps at least this much left afterwards.
     margin_pico: int = 0
 
@@ -178,7 +191,8 @@ class Ledger:
             id=hold_id, request_id=request.request_id, tenant=request.tenant, key_id=request.key_id,
             task_id=request.task_id, model=request.model, upstream_model=request.upstream_model, upstream=request.upstream, endpoint=request.endpoint,
             budget_ids="\n".join(c.budget_id for c in claims), amount_pico=request.amount_pico, tokens=request.tokens,
-            prompt_tokens_est=request.prompt_tokens_est, state="reserved", created_at=request.now,
+            prompt_tokens_est=request.prompt_tokens_est, max_output_tokens=request.max_output_tokens, state="reserved",
+            created_at=request.now,
             expires_at=request.expires_at, settled_pico=None, ended_at=None)
 
         def after_hold(sql: Native, left: Row | None) -> Hold:
@@ -259,19 +273,14 @@ class Ledger:
                 BOOKED, {"r": e["request_id"], "a": e["attempt"], "k": e.get("kind", "model")}))]
             if events_left:
                 sql.executemany(INSERT_EVENT, [{**EVENT_DEFAULTS, **e} for e in events_left])
-            # A hold made ahead that stays open (the call's usage is unknown) still names its request.
-            ending = {hold.id for hold in holds}
-            for e in events_left:
-                drawn = e.get("reservation_id")
-                if drawn and drawn.startswith(AHEAD_HOLD) and drawn not in ending:
-                    sql.execute(NAME_REQUEST, {"id": drawn, "request_id": e["request_id"]})
             return ended
 
         return op, one
 
     async def release_unused(self, holds: list[Hold], now: datetime, *, lazy: bool = True) -> None:
-        """End holds made ahead of demand that no request drew on: the money, the tokens
-        and the call they counted go back to their budgets."""
+        """End holds made ahead of demand that no request drew on (spooled by versions
+        before every call had a hold of its own): the money, the tokens and the call they
+        counted go back to their budgets."""
 
         def op(sql: Native) -> None:
             for hold in holds:
@@ -279,28 +288,56 @@ class Ledger:
 
         await self.writer.run(op, lazy=lazy)
 
-    async def expire_orphans(self, now: datetime) -> int:
-        """Holds whose request never settled (a crash, a lost stream) past their expiry.
-        With no usage to go on they are charged their full worst-case amount - the
-        budget stays safe - and an `unconfirmed` event makes them visible to finance
-        and to reconciliation, which explains the difference against the provider."""
+    async def expire_orphans(self, now: datetime, estimate: OrphanEstimate | None = None) -> int:
+        """End holds whose request never settled (its replica died, or lost the call)
+        once past their expiry - their request's deadline plus a grace. Each is charged
+        `estimate`'s figure for what the call most likely cost (its worst case when no
+        estimate is given, or the model is no longer known) and gets an `unconfirmed`
+        event marked estimated, which reconciliation corrects against the provider."""
+
+        def find(sql: Native) -> tuple[list[dict[str, Any]], dict[str, TypicalCall]]:
+            rows = [dict(zip(ORPHAN_COLUMNS, r, strict=True)) for r in sql.fetchall(ORPHANS, {"now": now})]
+            since = (now - timedelta(days=7)).date().isoformat()
+            typical: dict[str, TypicalCall] = {}
+            for model in {row["model"] for row in rows}:
+                found = sql.fetchone(TYPICAL_CALL, {"model": model, "since": since, "known": True})
+                if found is None or found[0] is None:
+                    typical[model] = TypicalCall()
+                else:
+                    billed, held_for = int(found[1] or 0), int(found[2] or 0)
+                    typical[model] = TypicalCall(round(found[0]), Fraction(billed, held_for) if held_for else Fraction(1))
+            return rows, typical
+
+        rows, typical = await self.writer.run(find)
+        if not rows:
+            return 0
+        priced = [(row, estimate(row, typical[row["model"]]) if estimate is not None else None) for row in rows]
 
         def op(sql: Native) -> int:
-            rows = [dict(zip(ORPHAN_COLUMNS, r, strict=True)) for r in sql.fetchall(ORPHANS, {"now": now})]
-            for row in rows:
-                hold = Hold(row["id"], row["amount_pico"], row["tokens"], tuple(row["budget_ids"].split("\n")))
-                if _end(sql, hold, row["amount_pico"], 0, "expired", now):
-                    created = _as_datetime(row["created_at"])
-                    sql.execute(INSERT_EVENT, {**EVENT_DEFAULTS, **{k: row[k] for k in ORPHAN_EVENT_FIELDS}, **dict(
-                        attempt=0, reservation_id=row["id"], kind="model", status="unconfirmed", usage_known=False,
-                        cost_pico=row["amount_pico"], created_at=created, day=created.date().isoformat(),
-                        error=_orphan_reason(row["request_id"]))})
-            return len(rows)
+            ended = 0
+            for row, guess in priced:
+                hold = Hold(row["id"], row["amount_pico"], row["tokens"], tuple(b for b in row["budget_ids"].split("\n") if b))
+                cost, usage, reason = guess if guess is not None else (row["amount_pico"], None, _worst_case_reason(row["request_id"]))
+                if not _end(sql, hold, cost, 0, "expired", now):
+                    continue  # settled meanwhile
+                ended += 1
+                created = as_datetime(row["created_at"])
+                tokens = {"prompt_tokens": usage[0], "completion_tokens": usage[1]} if usage is not None else {}
+                sql.execute(INSERT_EVENT, {**EVENT_DEFAULTS, **{k: row[k] for k in ORPHAN_EVENT_FIELDS}, **tokens, **dict(
+                    attempt=0, reservation_id=row["id"], kind="model", status="unconfirmed", usage_known=False,
+                    estimated=usage is not None, cost_pico=cost, created_at=created, day=created.date().isoformat(),
+                    error=reason)})
+            return ended
 
         return int(await self.writer.run(op))
 
 
-def _orphan_reason(request_id: str) -> str:
+# (the orphan's reservation row, its model's recent calls) ->
+# (cost to charge, (prompt, completion) tokens it stands for, the reason booked with it)
+OrphanEstimate = Callable[[dict[str, Any], TypicalCall], tuple[int, tuple[int, int] | None, str]]
+
+
+def _worst_case_reason(request_id: str) -> str:
     if request_id.startswith(AHEAD):
         return ("held ahead of demand and still open when the gateway stopped; a call may have drawn on it and no usage "
                 "was confirmed before the reservation expired, so it was charged the reserved worst case")
@@ -309,7 +346,7 @@ def _orphan_reason(request_id: str) -> str:
 
 def _end_params(hold: Hold, charged: int, used: int, state: str, now: datetime, unused: int = 0) -> dict[str, Any]:
     return {"state": state, "charged": charged, "now": now, "id": hold.id, "budget_ids": list(hold.budget_ids),
-            "amount": hold.amount_pico, "tokens": hold.tokens, "used": used, "drawn_by": hold.claimed_by, "unused": unused}
+            "amount": hold.amount_pico, "tokens": hold.tokens, "used": used, "unused": unused}
 
 
 def _refused_or_new(row: Row | None) -> bool:
@@ -368,7 +405,8 @@ def _budget_error(refused: _Refused, amount_pico: int) -> BudgetExceeded:
     return BudgetExceeded(f"{what} has no tokens left for a request of this size")
 
 
-def _as_datetime(value: Any) -> datetime:
+def as_datetime(value: Any) -> datetime:
+    """A timestamp as the driver returns it (SQLite: naive, or text), in UTC."""
     moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite hands back naive UTC
 

@@ -9,7 +9,8 @@ are counted by why, because they are what usually explains the provider billing 
 - `unconfirmed`: the reservation expired with no usage; the ledger charged its worst case.
 - `pending`: the usage is unknown and the reservation is still held.
 - `cancelled`: the client went away, the deadline passed or the stream was cut; the
-  provider bills what it generated.
+  ledger booked an estimate (the prompt plus the output relayed), the provider bills
+  what it generated: the difference is the estimate's error.
 - `retried`: a failed attempt of a request that was tried again; providers may count it.
 
 A positive request difference is explained by those attempts first, in that order, and
@@ -290,6 +291,8 @@ def aggregate_ledger(engine: Engine, upstream: str, window: Window, key_id: str 
             if category == UNCONFIRMED:
                 group.unconfirmed_cost_pico += int(cost or 0)
                 group.unconfirmed_covered += n if covers else 0
+            elif category == CANCELLED:
+                group.estimated_cost_pico += int(cost or 0)
     return groups
 
 
@@ -370,7 +373,8 @@ class _Pricer:
 def _compare(group: Group, ledger: LedgerGroup | None, provider: ProviderUsage | None,
              quote: PriceQuote | None, tolerance: int) -> ReconciliationRow:
     booked = ledger.usage if ledger is not None else Amounts()
-    unconfirmed_cost = ledger.unconfirmed_cost_pico if ledger is not None else 0
+    # Cost booked with no usage reported (worst cases, estimates): the provider's tokens replace it.
+    unconfirmed_cost = (ledger.unconfirmed_cost_pico + ledger.estimated_cost_pico) if ledger is not None else 0
     billed, not_reported = Amounts(), []
     if provider is not None:
         # What a source does not report is taken as equal to the ledger: not compared.

@@ -69,6 +69,7 @@ class LedgerGroup:
     attempts: Counter[str] = field(default_factory=Counter)  # booked | pending | cancelled | retried | unconfirmed | failed
     unconfirmed_cost_pico: int = 0
     unconfirmed_covered: int = 0  # unconfirmed rows whose request's attempts are booked (and counted) already
+    estimated_cost_pico: int = 0  # what cut-short attempts (usage never reported) were booked at, estimated
 
     def explainable(self, reason: str) -> int:
         return self.attempts[reason] - (self.unconfirmed_covered if reason == UNCONFIRMED else 0)
@@ -87,9 +88,14 @@ def explain(diff: Amounts, ledger: LedgerGroup | None, at_provider: bool, quote:
 
     if ledger.unconfirmed_cost_pico:
         add(UNCONFIRMED, Amounts(cost_pico=-ledger.unconfirmed_cost_pico))
+    if ledger.estimated_cost_pico:
+        # Booked at an estimate; the provider's tokens for these requests, priced below,
+        # replace it: the sum is how far the estimate was off.
+        add(CANCELLED, Amounts(cost_pico=-ledger.estimated_cost_pico))
     if not at_provider:
         # The whole group is absent: what the ledger booked for it is the difference.
-        add(MISSING_AT_PROVIDER, diff - Amounts(cost_pico=-ledger.unconfirmed_cost_pico))
+        booked_without_usage = ledger.unconfirmed_cost_pico + ledger.estimated_cost_pico
+        add(MISSING_AT_PROVIDER, diff - Amounts(cost_pico=-booked_without_usage))
         return _ordered(parts)
     shares = _request_shares(diff.requests, ledger)
     if diff.requests < 0:

@@ -59,16 +59,12 @@ class SettlementSpool:
         self.identity = f"{self.host}-{os.getpid()}-{secrets.token_hex(4)}"
         self.path = directory / f"ledger-spool-{self.identity}.jsonl"
 
-    def write(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]], now: datetime,
-              *, unused: bool = False) -> None:
-        """`unused`: the holds were made ahead and no request drew on them (accounting/ahead.py)."""
+    def write(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]], now: datetime) -> None:
         record = {
-            "holds": [[h.id, h.amount_pico, h.tokens, list(h.budget_ids), h.claimed_by] for h in holds],
+            "holds": [[h.id, h.amount_pico, h.tokens, list(h.budget_ids)] for h in holds],
             "charged_pico": charged_pico, "tokens_used": tokens_used, "now": now.isoformat(),
             "events": [{k: v.isoformat() if isinstance(v, datetime) else v for k, v in e.items()} for e in events],
         }
-        if unused:
-            record["unused"] = True
         self.directory.mkdir(parents=True, exist_ok=True)
         self._append(self.path, [orjson.dumps(record)])
 
@@ -182,7 +178,7 @@ def _refused_as_invalid(exc: LedgerUnavailable) -> bool:
 
 
 async def _replay_line(ledger: Ledger, record: dict[str, Any]) -> None:
-    holds = [Hold(h[0], h[1], h[2], tuple(h[3]), claimed_by=h[4] if len(h) > 4 else None) for h in record["holds"]]
+    holds = [Hold(h[0], h[1], h[2], tuple(h[3])) for h in record["holds"]]  # older spools add a fifth field: ignored
     if record.get("unused"):
         await ledger.release_unused(holds, datetime.fromisoformat(record["now"]))
         return

@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Column, DateTime, Dialect, Index, Integer, MetaData, String, Table, Text, text
+from sqlalchemy import BigInteger, Boolean, Column, DateTime, Dialect, Index, Integer, MetaData, String, Table, Text, false, text
 from sqlalchemy.types import TypeDecorator
 
 
@@ -68,8 +68,8 @@ def long_text(name: str, *, nullable: bool = False, **kw: Any) -> Column[Any]:
     return _column(name, Text, nullable, **kw)
 
 
-def flag(name: str, *, default: bool) -> Column[Any]:
-    return _column(name, Boolean, False, default=default)
+def flag(name: str, *, default: bool, **kw: Any) -> Column[Any]:
+    return _column(name, Boolean, False, default=default, **kw)
 
 
 metadata = MetaData()
@@ -114,6 +114,8 @@ reservations = Table(
     pico("amount_pico"),
     pico("tokens"),
     count("prompt_tokens_est", default=0),
+    # Added in schema v4: the call's output bound, for the estimate a crash leaves behind.
+    count("max_output_tokens", default=0, server_default="0"),
     pico("settled_pico", nullable=True),
     short("state", 16, default="reserved"),
     when("created_at"),
@@ -162,6 +164,9 @@ usage_events = Table(
     # escalated away from, why.
     short("checks", 300, nullable=True),
     short("escalation", 300, nullable=True),
+    # Added in schema v4: the provider never reported this attempt's usage; its tokens and
+    # cost are the gateway's estimate (prompt plus relayed output), which reconciliation corrects.
+    flag("estimated", default=False, server_default=false()),  # a server default: older replicas leave it out
     Index("ix_usage_day_tenant_model", "day", "tenant", "model"),
     Index("ix_usage_events_task", "task_id", sqlite_where=WITH_TASK),  # a task's calls
 )

@@ -53,7 +53,9 @@ class Attempt:
     http_status: int | None = None
     replica: str | None = None
     provider_request_id: str | None = None
-    usage: Usage | None = None
+    usage: Usage | None = None  # as the provider reported it
+    estimated: Usage | None = None  # the gateway's estimate, when the provider never reported usage
+    relayed_output: str = ""  # the generated text relayed to the client, kept for that estimate
     error: str | None = None
     limit_headers: dict[str, str] | None = None  # the provider's rate-limit headers on this reply
     checks: str | None = None  # the route's verdict on this answer: "passed" or "failed: ..."

@@ -14,6 +14,7 @@ import orjson
 from gateway.caching.replay import DONE_EVENT
 from gateway.errors import GatewayError, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.pipeline.context import Attempt, RequestContext, Usage
+from gateway.pipeline.usage_estimate import relayed_text
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
 from gateway.upstreams.base import StreamBroken, Upstream, UpstreamStream
@@ -143,6 +144,9 @@ async def relay_stream(
     relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage, max_event_bytes=stream.max_event_bytes,
                      secrets=secrets)
     timeline = attempt.timeline
+    # What reached the client (bounded), so that a stream cut short is booked at what it produced.
+    relayed: list[bytes] = []
+    relayed_bytes = 0
     # The upstream holds the stream to the deadline it was opened with (one timer for
     # the whole stream): past it, it drops the connection and the read below says so.
     expired = False
@@ -152,6 +156,9 @@ async def relay_stream(
                 out = relay.feed(chunk)
                 if not out:
                     continue
+                if relayed_bytes < MAX_KEPT_BYTES:
+                    relayed.append(out)
+                    relayed_bytes += len(out)
                 if timeline.first_token is None:
                     timeline.first_token = time.monotonic()
                     ctx.timeline.first_token = ctx.timeline.first_token or timeline.first_token
@@ -207,6 +214,8 @@ async def relay_stream(
             attempt.status = "cancelled"
             attempt.error = "the client disconnected mid-stream"
             timeline.mark("end")
+        if attempt.usage is None:
+            attempt.relayed_output = relayed_text(relayed)
         # Cleanup must run even though the task is being cancelled (client gone):
         # closing the upstream response is what makes vLLM abort the work.
         with anyio.CancelScope(shield=True):

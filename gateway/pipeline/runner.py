@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import anyio
 import orjson
 
-from gateway.accounting.books import Accounting
+from gateway.accounting.books import UNCONFIRMED, Accounting
 from gateway.accounting.money import usd
 from gateway.accounting.tokens import Tokenizers
 from gateway.admission.gate import AdmissionGate
@@ -30,6 +30,7 @@ from gateway.pipeline.observe import record_request
 from gateway.pipeline.parse import check_body, output_bound, parse_json_object, response_format_kind
 from gateway.pipeline.prompt_size import PromptSize
 from gateway.pipeline.retry import Retrier
+from gateway.pipeline.usage_estimate import estimate_usage
 from gateway.routing.policy import Route
 from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest, RuntimePolicy
@@ -306,6 +307,14 @@ class Pipeline:
         except Exception:  # a cache that is down costs hits, never answers
             log.warning("could not store a response in the cache", exc_info=True)
 
+    async def estimate_unreported(self, ctx: RequestContext) -> None:
+        """An attempt that reached the provider but whose usage it never reported (the
+        client left, the stream was cut or timed out) is booked at the gateway's estimate:
+        never at $0, never at its worst case."""
+        for attempt in ctx.attempts:
+            if attempt.usage is None and attempt.status in UNCONFIRMED:
+                attempt.estimated = await estimate_usage(ctx.prompt, self.parts.tokenizers, attempt.relayed_output)
+
     async def finish(self, ctx: RequestContext, status: int) -> None:
         """Settle and record; runs exactly once per request, success or not."""
         if ctx.finished:
@@ -314,6 +323,7 @@ class Pipeline:
         ctx.status = status
         ctx.timeline.mark("end")
         try:
+            await self.estimate_unreported(ctx)
             if ctx.task_id is not None:
                 # A task's books and its spent header must include this call: wait for the commit.
                 try:

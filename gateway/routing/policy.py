@@ -236,10 +236,8 @@ class Defaults(Strict):
     response_cache_max_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
     cache_nondeterministic: bool = Field(default=False, description="also cache requests with temperature > 0 and no seed")
     reservation_grace_s: Annotated[float, Field(ge=0, le=86_400)] = Field(
-        default=900.0, description="how long past its deadline an unconfirmed hold waits before the sweeper expires it")
-    hold_ahead_s: Annotated[float, Field(ge=0, le=3600)] = Field(default=10.0, description=(
-        "how long budget held ahead for the next request of a key and model waits to be drawn on, so that request "
-        "need not wait for a commit of its own (accounting/ahead.py); 0: every request holds for itself"))
+        default=30.0, description="how long past its request's deadline an unsettled hold waits before any replica's sweeper"
+                                  " expires it at an estimate (a replica that died mid-call never settles its holds)")
 
 
 class Policy(Strict):

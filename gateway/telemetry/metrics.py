@@ -6,10 +6,10 @@ without tenants, each series with a `tenant` label is summed over tenants instea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
@@ -51,6 +51,10 @@ class Metrics:
         self._without_tenants = CollectorRegistry(auto_describe=False)
         self._without_tenants.register(WithoutTenants(r))
 
+    def watch_ledger(self, commits: Callable[[], int], operations: Callable[[], int]) -> None:
+        """The ledger writer's commits and the operations they carried, read at each scrape."""
+        self.registry.register(_LedgerCounts(commits, operations))
+
     def render(self, *, with_tenants: bool) -> bytes:
         return generate_latest(self.registry if with_tenants else self._without_tenants)
 
@@ -68,6 +72,16 @@ class WithoutTenants(Collector):
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # the names are the registry's own; nothing to reserve here
+
+
+class _LedgerCounts(Collector):
+    def __init__(self, commits: Callable[[], int], operations: Callable[[], int]) -> None:
+        self._commits, self._operations = commits, operations
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("gateway_ledger_commits", "Ledger transactions committed", value=self._commits())
+        yield CounterMetricFamily("gateway_ledger_operations", "Holds, settlements and other ledger writes committed",
+                                  value=self._operations())
 
 
 def _summed_over_tenants(family: Metric) -> Metric:

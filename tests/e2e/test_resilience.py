@@ -13,6 +13,7 @@ import openai
 import pytest
 from sqlalchemy import create_engine, text
 
+from gateway.accounting.tokens import count_chat_tokens, count_text_tokens
 from gateway.sim.hosted import HostedSimConfig
 from tests.e2e.conftest import sim_config, sim_stats
 from tests.e2e.test_openai_sdk import wait_until
@@ -75,32 +76,40 @@ def test_deadline_mid_stream_stops_waiting_and_aborts_the_pool(fresh_stack: Stac
     wait_until(lambda: int(sim_stats(fresh_stack.vllm)["aborted"]) > before)  # type: ignore[call-overload]
 
 
-def test_client_disconnect_mid_stream_cancels_upstream_without_refund(tmp_path: Path) -> None:
+@pytest.mark.parametrize("budgeted", [True, False], ids=["budget", "no-budget"])
+def test_a_stream_cancelled_after_k_chunks_is_booked_at_prompt_plus_relayed_output(tmp_path: Path, budgeted: bool) -> None:
     budget = lambda t: t.replace('\n  globex:', '\n    budget: {usd: "10.00", period: month}\n  globex:', 1)  # noqa: E731
-    with running_stack(tmp_path, edit_policy=budget) as stack:
-        _disconnect(stack)
+    with running_stack(tmp_path, edit_policy=budget if budgeted else None) as stack:
+        _cancel_after(stack, chunks=5)
 
 
-def _disconnect(fresh_stack: Stack) -> None:
-    sim_config(fresh_stack.vllm, decode_s_per_token=0.05)
-    before = int(sim_stats(fresh_stack.vllm)["aborted"])  # type: ignore[call-overload]
-    with httpx.stream("POST", f"{fresh_stack.gateway}/chat/completions", headers={"authorization": f"Bearer {fresh_stack.key}"},
-                      json={"model": "pool-model", "messages": [{"role": "user", "content": "go"}], "stream": True, "max_tokens": 200}) as r:
-        for _ in r.iter_raw():
-            break  # the client reads one chunk and hangs up
-    wait_until(lambda: int(sim_stats(fresh_stack.vllm)["aborted"]) > before)  # type: ignore[call-overload]
-    engine = create_engine(f"sqlite:///{fresh_stack.var_dir / 'ledger.db'}")
+def _cancel_after(stack: Stack, chunks: int) -> None:
+    sim_config(stack.vllm, decode_s_per_token=0.05)
+    before = int(sim_stats(stack.vllm)["aborted"])  # type: ignore[call-overload]
+    messages = [{"role": "user", "content": "tell me a long story about the sea"}]
+    client = openai.OpenAI(base_url=stack.gateway, api_key=stack.key, max_retries=0)
+    stream = client.chat.completions.create(model="pool-model", messages=messages, stream=True, max_tokens=200)  # type: ignore[call-overload]
+    text_read = ""
+    for n, chunk in enumerate(stream):
+        text_read += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+        if n == chunks:
+            break
+    stream.close()  # the client hangs up after k chunks
+    wait_until(lambda: int(sim_stats(stack.vllm)["aborted"]) > before)  # type: ignore[call-overload]
+    engine = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
     wait_until(lambda: _status_count(engine, "cancelled") == 1)
     with engine.connect() as conn:
-        # Not counted: the hold made ahead for this key's next request (accounting/ahead.py).
-        held = conn.execute(text("SELECT count(*) FROM reservations WHERE state = 'reserved' AND request_id NOT LIKE 'ahead%'")).scalar_one()
+        event = conn.execute(text("SELECT estimated, usage_known, prompt_tokens, completion_tokens, cost_pico, reservation_id"
+                                  " FROM usage_events WHERE status = 'cancelled'")).one()
+        hold = conn.execute(text("SELECT state, settled_pico FROM reservations WHERE id = :id"), {"id": event.reservation_id}).one()
     engine.dispose()
-    assert held == 1, "usage of the cancelled call is unknown: its hold stays until the sweeper or reconciliation ends it"
-
-
-def _count(engine: Any, sql: str) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(text(sql)).scalar_one())
+    read_tokens = count_text_tokens(text_read)
+    assert event.estimated and not event.usage_known
+    assert event.prompt_tokens == count_chat_tokens(messages)  # the prompt, counted
+    # What reached the client: at least what it read, and at most a few tokens relayed while it hung up.
+    assert read_tokens <= event.completion_tokens <= read_tokens + 5
+    assert event.cost_pico > 0
+    assert (hold.state, hold.settled_pico) == ("settled", event.cost_pico)  # charged the estimate, the rest released
 
 
 def test_a_non_streamed_client_that_hangs_up_aborts_the_pool_request(fresh_stack: Stack) -> None:
@@ -113,6 +122,11 @@ def test_a_non_streamed_client_that_hangs_up_aborts_the_pool_request(fresh_stack
     engine = create_engine(f"sqlite:///{fresh_stack.var_dir / 'ledger.db'}")
     wait_until(lambda: _status_count(engine, "cancelled") == 1)
     engine.dispose()
+
+
+def _count(engine: Any, sql: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())
 
 
 def _status_count(engine: Any, status: str) -> int:

@@ -42,3 +42,12 @@ def test_with_tenants_each_tenant_has_its_own_series() -> None:
     found = samples(busy_metrics().render(with_tenants=True))
     assert found[("gateway_requests_total", (("model", "small"), ("status", "ok"), ("tenant", "acme")))] == 2
     assert found[("gateway_requests_total", (("model", "small"), ("status", "ok"), ("tenant", "globex")))] == 3
+
+
+def test_the_ledger_writer_s_commits_are_counted_at_each_scrape() -> None:
+    metrics = Metrics()
+    counts = {"commits": 3, "ops": 10}
+    metrics.watch_ledger(lambda: counts["commits"], lambda: counts["ops"])
+    counts["commits"], counts["ops"] = 4, 12
+    text = metrics.render(with_tenants=False).decode()
+    assert "gateway_ledger_commits_total 4.0" in text and "gateway_ledger_operations_total 12.0" in text
