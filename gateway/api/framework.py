@@ -8,6 +8,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from gateway.api.admin import build_admin_router
+from gateway.api.body_limit import BodyLimit
 from gateway.api.errors import install_error_handlers
 from gateway.api.health import build_health_router
 from gateway.api.openai_routes import build_router
@@ -26,4 +27,5 @@ def build_framework(services: Services) -> FastAPI:
     app.include_router(build_tasks_router())
     app.include_router(build_admin_router())
     app.include_router(build_tools_router())
+    app.add_middleware(BodyLimit, max_body_bytes=lambda: services.policies.current.policy.defaults.max_body_bytes)
     return app
