@@ -25,7 +25,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from gateway.routing.policy import Name, Strict, Usd
-from gateway.yaml_lines import Loc, SafeLoader, dotted, walk
+from gateway.yaml_lines import Loc, SafeLoader, dotted, read_text, walk
 
 TOKENS_PER_PRICE_UNIT = 1_000_000
 SECONDS_PER_HOUR = 3600
@@ -136,9 +136,11 @@ def read_pricing_dir(pricing_dir: Path) -> list[DatedPrice]:
 def read_pricing_file(path: Path, label: str | None = None) -> list[DatedPrice]:
     label = label or path.name
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except OSError as exc:
         raise PricingInvalid([f"{path}: cannot read pricing file: {exc.strerror}"]) from exc
+    except ValueError as exc:
+        raise PricingInvalid([f"{path}: {exc}"]) from None
     data, lines = _load_yaml(text, str(path))
     schema = FILE_KINDS.get(str(data.get("kind"))) if isinstance(data, dict) else None
     if schema is None:

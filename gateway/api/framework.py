@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.admin import build_admin_router
+from gateway.api.body_limit import BodyLimit
 from gateway.api.errors import install_error_handlers
 from gateway.api.health import build_health_router
 from gateway.api.openai_routes import build_router
@@ -30,6 +31,7 @@ def build_framework(services: Services) -> ASGIApp:
     app.include_router(build_tasks_router())
     app.include_router(build_admin_router())
     app.include_router(build_tools_router())
+    app.add_middleware(BodyLimit, max_body_bytes=lambda: services.policies.current.policy.defaults.max_body_bytes)
     # Around the whole app, not one of its middlewares: Starlette renders a 500 outside those.
     return RequestIds(app, services.pipeline.parts.ids)
 

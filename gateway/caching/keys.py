@@ -31,6 +31,9 @@ TRANSPORT_FIELDS = frozenset({
 
 # Numbers where 0 and 0.0 must mean the same request.
 _FLOAT_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+# Whole floats below this are written as the integer they equal; larger ones stay floats
+# (1e308 as an int is past the 64 bits orjson writes).
+_EXACT_INTS = 2.0**53
 
 SHARED_SCOPE = "shared"
 
@@ -66,7 +69,7 @@ def canonical_request(endpoint: str, model: str, body: Mapping[str, Any]) -> byt
     form: dict[str, Any] = {name: value for name, value in body.items() if name not in TRANSPORT_FIELDS}
     for name in _FLOAT_FIELDS:
         value = form.get(name)
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) < _EXACT_INTS:
             form[name] = int(value)
     form["model"] = model
     form["endpoint"] = endpoint

@@ -25,6 +25,11 @@ from gateway.routing.policy import Tool
 from gateway.routing.reload import PolicyHolder
 from gateway.upstreams.tools import ToolClient, ToolReply
 
+# A GET tool's arguments travel in its URL's query, percent-encoded (up to 3 characters
+# a byte): this keeps the URL within what servers take (nginx: 8 KiB lines by default,
+# then 32) and far from httpx's 64 KiB limit.
+MAX_GET_ARGUMENTS = 8 * 1024
+
 
 class ToolRunner:
     def __init__(self, policies: PolicyHolder, client: ToolClient, cache: ToolCache, accounting: Accounting) -> None:
@@ -41,8 +46,15 @@ class ToolRunner:
         body = parse_json_object(raw_body or b"{}")
         unknown = set(body) - {"arguments"}
         if unknown:
-            raise InvalidRequest(f"unknown fields {sorted(unknown)}: send {{\"arguments\": {{...}}}}")
-        arguments = body.get("arguments", {})
+            raise InvalidRequest(f"unknown fields {sorted(unknown)}: send {{\"arguments\": {{...}}}}", param=min(unknown))
+        arguments = body.get("arguments")
+        if arguments is None:
+            arguments = {}
+        elif not isinstance(arguments, dict):
+            raise InvalidRequest("`arguments` must be a JSON object of the tool's arguments", param="arguments")
+        if tool.method == "GET" and len(encoded := orjson.dumps(arguments)) > MAX_GET_ARGUMENTS:
+            raise InvalidRequest(f"`arguments` are {len(encoded)} bytes of JSON; tool `{name}` is called with GET, which "
+                                 f"carries them in the URL, so they may be at most {MAX_GET_ARGUMENTS}", param="arguments")
         ctx = RequestContext(request_id="req_" + secrets.token_hex(12), endpoint="tool", path="", policy=policy)
         ctx.tenant, ctx.key_id, ctx.task_id = owner.tenant, owner.key_id, headers.get("x-task-id") or None
         ctx.deadline = ctx.timeline.enqueue + tool.timeout_s
@@ -108,8 +120,15 @@ class ToolRunner:
 
 
 def _result(name: str, tool: Tool, body: bytes, cached: bool) -> bytes:
+    """The tool's answer as JSON in the result, or as text when it is not JSON (or JSON
+    nested too deep to be written again inside the result)."""
     try:
         result: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
         result = body.decode("utf-8", errors="replace")
-    return orjson.dumps({"object": "tool.result", "tool": name, "version": tool.version, "cached": cached, "result": result})
+    envelope = {"object": "tool.result", "tool": name, "version": tool.version, "cached": cached, "result": result}
+    try:
+        return orjson.dumps(envelope)
+    except orjson.JSONEncodeError:
+        envelope["result"] = body.decode("utf-8", errors="replace")
+        return orjson.dumps(envelope)

@@ -18,7 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.routing.policy import Policy
-from gateway.yaml_lines import Loc, SafeLoader, dotted, walk
+from gateway.yaml_lines import Loc, SafeLoader, dotted, read_text, walk
 
 if TYPE_CHECKING:
     from gateway.accounting.prices import PriceCatalog
@@ -51,9 +51,11 @@ class PolicyInvalid(Exception):
 def load_policy_file(path: str | Path, catalog: PriceCatalog | None = None) -> Policy:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except OSError as exc:
         raise PolicyInvalid([PolicyProblem(str(path), None, "", f"cannot read policy file: {exc.strerror}")]) from exc
+    except ValueError as exc:
+        raise PolicyInvalid([PolicyProblem(str(path), None, "", str(exc))]) from None
     return parse_policy(text, str(path), catalog)
 
 

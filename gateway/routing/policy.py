@@ -125,9 +125,11 @@ class Budget(Strict):
 class TaskLimits(Strict):
     """Limits a task gets when POST /v1/tasks does not set them."""
 
-    budget_usd: Usd | None = None
-    max_calls: Annotated[int, Field(ge=1)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    # The upper bounds keep a task's budget row within the ledger's columns: pico-USD and
+    # tokens in 64-bit integers, calls in 32-bit ones.
+    budget_usd: Annotated[Usd, Field(le=1_000_000)] | None = None
+    max_calls: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=10**15)] | None = None
     deadline_s: PositiveSeconds | None = None
 
 

@@ -70,6 +70,8 @@ DIALECT = Dialect(
     first_delta_extras=MappingProxyType({"refusal": None}),
 )
 SYSTEM_FINGERPRINT = "fp_sim0000001"
+# The most `dimensions` an embedding model has (text-embedding-3-large); more is refused.
+MAX_EMBEDDING_DIMS = 3072
 
 
 @dataclass
@@ -358,6 +360,9 @@ async def embeddings(state: HostedState, request: HttpRequest, receive: Receive,
         if fmt not in ("float", "base64"):
             raise SimRequestError(f"Invalid 'encoding_format': {fmt!r}.", "encoding_format")
         dims = int_field(call.body, "dimensions", 1) or state.config.embedding_dims
+        if dims > MAX_EMBEDDING_DIMS:
+            raise SimRequestError(f"Invalid 'dimensions': expected an integer from 1 to {MAX_EMBEDDING_DIMS}, got {dims}.",
+                                  "dimensions")
     except SimRequestError as error:
         await _bad_request(state, send, call, error)
         return

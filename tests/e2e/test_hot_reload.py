@@ -10,6 +10,7 @@ import httpx
 import openai
 
 from gateway.auth.keys import key_digest
+from tests.support.policies import alias_bomb
 from tests.support.stack import Stack
 
 
@@ -57,3 +58,16 @@ def _rejected(stack: Stack) -> bool:
     except openai.AuthenticationError:
         return True
     return False
+
+
+def test_an_alias_bomb_on_reload_is_refused_while_requests_go_on(fresh_stack: Stack) -> None:
+    stack = fresh_stack
+    original = stack.policy_path.read_text()
+    stack.policy_path.write_text(original + "routes:\n" + "".join(f"  {line}\n" for line in alias_bomb(9).splitlines()))
+    eventually(lambda: reload_count(stack, "rejected") >= 1)
+    assert "gpt-4o-mini" in models(stack), "the last good policy must keep serving"
+    ready = httpx.get(stack.gateway.removesuffix("/v1") + "/readyz").json()
+    assert "rejected" in ready["checks"]["policy"]["detail"]
+    answer = openai.OpenAI(base_url=stack.gateway, api_key=stack.key, max_retries=0).chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "still there?"}], max_tokens=5)
+    assert answer.choices[0].message.content

@@ -22,3 +22,12 @@ def single_model_policy(hosted: str, tenants: Mapping[str, tuple[str, str]]) -> 
         fields = f'api_keys: ["{key_digest(key)}"]' + (f", {extra}" if extra else "")
         lines.append(f"  {name}: {{{fields}}}")
     return "\n".join(lines) + "\n"
+
+
+def alias_bomb(levels: int) -> str:
+    """A YAML "alias bomb": `levels` lines of nine aliases each, 9**levels values from a
+    few hundred bytes."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefghijklmnopqrstuvwxyz", "bcdefghijklmnopqrstuvwxyz"[:levels - 1], strict=False):
+        lines.append(f"{name}: &{name} [{','.join([f'*{prev}'] * 9)}]")
+    return "\n".join(lines) + "\n"

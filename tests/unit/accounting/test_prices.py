@@ -349,6 +349,11 @@ def test_a_bad_pricing_file_names_file_line_and_entry(tmp_path: Path) -> None:
         ("kind: token_prices\nentries:\n  - {model: m, effective_from: 2025-01-01, input: .inf, output: 2, note: x}\n",
          ":3: entries[0] (model m): input: "),
         ("kind: token_prices\nentries: [\n", "not valid YAML"),
+        ("kind: token_prices\nentries: &e\n  - *e\n", ":2: entries[0]: this alias names a node that contains it"),
+        ("kind: token_prices\na: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n" for p, n in zip("abcdef", "bcdefg", strict=True)),
+         ": the aliases here make "),
+        ("kind: token_prices\n# padding\n" + "#" * 4 * 2**20, ": the file is over 4 MiB"),
     ],
 )
 def test_each_kind_of_mistake_is_reported_readably(tmp_path: Path, text: str, expected: str) -> None:

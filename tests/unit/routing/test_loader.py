@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 
 from gateway.cli import main as cli_main
 from gateway.routing.loader import PolicyInvalid, load_policy_file, parse_policy
+from tests.support.policies import alias_bomb
 
 ROOT = Path(__file__).resolve().parents[3]
 DIGEST = "sha256:" + "ab" * 32
@@ -114,3 +117,83 @@ def test_committed_json_schema_matches_the_policy_models(tmp_path: Path) -> None
     assert cli_main(["policy", "schema", "--output", str(fresh)]) == 0
     committed = ROOT / "policies" / "policy.schema.json"
     assert committed.read_text() == fresh.read_text(), "run `gateway policy schema --output policies/policy.schema.json`"
+
+
+# -- what a policy file may be: its size and the document its aliases make ------------
+
+def test_an_alias_bomb_is_refused_by_policy_check_with_file_and_line(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb(9))
+    assert len(bomb.read_bytes()) < 400
+    # Its own process, with a hang guard: before the bound it ran two minutes into 11 GB.
+    checked = subprocess.run([sys.executable, "-m", "gateway", "policy", "check", str(bomb)],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert checked.stderr.startswith(f"{bomb}:6: i[0][0][0]: the aliases here make ")
+    assert "at most 100,000 may come from aliases" in checked.stderr
+
+
+def test_an_alias_bomb_in_a_section_is_refused_before_the_schema() -> None:
+    [message] = problems(MINIMAL + "routes:\n" + textwrap.indent(alias_bomb(7), "  "))
+    assert message.startswith("policy.yaml:19: routes.g[0]: the aliases here make ")
+
+
+def test_anchors_aliases_and_merge_keys_still_work() -> None:
+    policy = parse_policy(textwrap.dedent(f"""\
+        version: 1
+        upstreams:
+          local: {{kind: openai, base_url: "http://127.0.0.1:9100/v1"}}
+        models:
+          bench-model: &model
+            upstream: local
+            price: &price {{input: 0.15, output: 0.60}}
+            limits: &limits {{rpm: 60, tpm: 100000}}
+          copy: *model
+          merged:
+            <<: *model
+            max_output_tokens: 100
+          small:
+            upstream: local
+            price: *price
+        tenants:
+          acme:
+            api_keys: ["{DIGEST}"]
+            limits: *limits
+        """))
+    assert policy.models["copy"] == policy.models["bench-model"]
+    assert policy.models["merged"].max_output_tokens == 100
+    assert policy.models["merged"].limits == policy.models["bench-model"].limits
+    assert policy.models["small"].price == policy.models["bench-model"].price
+    assert policy.tenants["acme"].limits is not None and policy.tenants["acme"].limits.rpm == 60
+
+
+@pytest.mark.parametrize("section,expected", [
+    ("routes: &r\n  loop: *r\n", "policy.yaml:13: routes.loop: this alias names a node that contains it"),
+    ("routes:\n  loop: &l [*l]\n", "policy.yaml:14: routes.loop[0]: this alias names a node that contains it"),
+])
+def test_an_alias_inside_the_node_it_names_is_refused(section: str, expected: str) -> None:
+    [message] = problems(MINIMAL + section)
+    assert message.startswith(expected)
+
+
+def test_nesting_past_64_levels_is_refused() -> None:
+    [message] = problems(MINIMAL + "routes:\n  deep: " + "[" * 70 + "]" * 70 + "\n")
+    assert message.startswith("policy.yaml:14: routes.deep[0]") and message.endswith("nests more than 64 levels deep")
+    [schema] = problems(MINIMAL + "routes:\n  deep: " + "[" * 60 + "]" * 60 + "\n")
+    assert "levels deep" not in schema, "60 levels are read (and then found not to be a route)"
+
+
+def test_a_file_over_4_mib_is_refused_naming_it(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text(MINIMAL + ("# padding\n" * 420_000))
+    with pytest.raises(PolicyInvalid) as info:
+        load_policy_file(big)
+    assert str(info.value) == f"{big}: the file is over 4 MiB; a policy or pricing file is a few KiB"
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path: Path) -> None:
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(MINIMAL.encode() + b"# caf\xe9\n")
+    with pytest.raises(PolicyInvalid) as info:
+        load_policy_file(latin)
+    assert str(info.value).startswith(f"{latin}: the file is not UTF-8 text")
