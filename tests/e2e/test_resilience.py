@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from gateway.accounting.tokens import count_chat_tokens, count_text_tokens
 from gateway.sim.hosted import HostedSimConfig
 from tests.e2e.conftest import sim_config, sim_stats
 from tests.e2e.test_openai_sdk import wait_until
-from tests.support.stack import Stack, running_stack
+from tests.support.stack import ADMIN_KEY, Stack, running_stack
 
 REQUESTS = 300
 RETRY = "  retry: {max_attempts: 5, budget_ratio: 0.6, base_s: 0.05, cap_s: 0.5}\n"
@@ -110,6 +111,28 @@ def _cancel_after(stack: Stack, chunks: int) -> None:
     assert read_tokens <= event.completion_tokens <= read_tokens + 5
     assert event.cost_pico > 0
     assert (hold.state, hold.settled_pico) == ("settled", event.cost_pico)  # charged the estimate, the rest released
+
+
+def test_reconciliation_explains_what_a_cancelled_stream_s_estimate_missed(tmp_path: Path) -> None:
+    with running_stack(tmp_path, hosted_config=HostedSimConfig(token_delay_s=0.05, output_tokens=200)) as stack:
+        client = openai.OpenAI(base_url=stack.gateway, api_key=stack.key, max_retries=0)
+        stream = client.chat.completions.create(model="gpt-4o-mini", stream=True,  # type: ignore[call-overload]
+                                                messages=[{"role": "user", "content": "a long answer, please"}])
+        for n, _ in enumerate(stream):
+            if n == 5:
+                break
+        stream.close()  # the provider bills what it generated until it noticed
+        engine = create_engine(f"sqlite:///{stack.var_dir / 'ledger.db'}")
+        wait_until(lambda: _status_count(engine, "cancelled") == 1)
+        engine.dispose()
+        report = httpx.get(f"{stack.gateway.removesuffix('/v1')}/admin/reconcile", headers={"authorization": f"Bearer {ADMIN_KEY}"},
+                           params={"provider": "hosted", "since": datetime.now(UTC).date().isoformat()}, timeout=30)
+    assert report.status_code == 200, report.text
+    [row] = report.json()["rows"]
+    reasons = {r["reason"]: r for r in row["reasons"]}
+    assert set(reasons) <= {"cancelled"}, row  # the estimate's error, and nothing else, explains the difference
+    explained = sum(int(r["cost_pico"]) for r in row["reasons"])
+    assert explained == int(row["difference"]["cost_pico"]), row
 
 
 def test_a_non_streamed_client_that_hangs_up_aborts_the_pool_request(fresh_stack: Stack) -> None:

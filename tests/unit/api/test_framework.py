@@ -19,7 +19,9 @@ class BrokenServices(SimpleNamespace):
 
     def __init__(self) -> None:
         super().__init__(pipeline=SimpleNamespace(parts=SimpleNamespace(ids=IdSource())),
-                         settings=SimpleNamespace(gateway_admin_key=None))
+                         settings=SimpleNamespace(gateway_admin_key=None),
+                         policies=SimpleNamespace(current=SimpleNamespace(policy=SimpleNamespace(
+                             defaults=SimpleNamespace(max_body_bytes=1024 * 1024)))))
 
     async def readiness(self) -> dict[str, tuple[bool, str]]:
         raise RuntimeError("a bug, with a path: /srv/gateway/var/ledger.db")
