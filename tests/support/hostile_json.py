@@ -65,7 +65,7 @@ class Hostile:
         return self.rng.choice(["x", "é", "字", "\u200b"]) * self.rng.choice([1000, 10_000, 20_000])
 
     def deep(self) -> Json:
-        levels = self.rng.choice([64, 127, 128, 129, 200, 254, 255, 256, 300, 1000, 1100])
+        levels = self.rng.choice([64, 128, 200, 239, 240, 241, 254, 255, 256, 300, 1000, 1100])
         opener, closer = self.rng.choice([("[", "]"), ('{"a":', "}")])
         return Json(opener * levels + "1" + closer * levels)
 
