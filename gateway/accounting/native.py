@@ -80,6 +80,9 @@ class Native:
         # mode (14 and later; the locked psycopg-binary bundles one).
         self.pipelines = self.one_trip and _pipeline_supported()
 
+    def close(self) -> None:
+        self._cursor.close()
+
     @classmethod
     def on(cls, raw: DBAPIConnection, dialect: Dialect) -> Native:
         return cls(raw.cursor(), pyformat=dialect.paramstyle == "pyformat", sqlite=dialect.name == "sqlite",

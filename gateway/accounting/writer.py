@@ -106,8 +106,11 @@ class _Connection:
         self.release()  # ROLLBACK TO keeps the savepoint open; don't let refusals pile them up
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):  # it may be broken already; either way it is gone
-            self.raw.close()
+        # Roll back and close the cursors first: SQLite keeps its write lock while a failed
+        # statement is left unfinished, even past close(), and every later write would wait.
+        for step in (self._control.close, self.sql.close, self.raw.rollback, self.raw.close):
+            with contextlib.suppress(Exception):  # it may be broken already; either way it is gone
+                step()
 
 
 class GroupCommitWriter:

@@ -87,9 +87,11 @@ class HotPaths:
 
 
 async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes:
+    # `connection: close` with the 413: otherwise the server would go on reading (and
+    # dropping) the rest of an upload it has already refused.
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
+        raise BodyTooLarge(f"the request body is {declared} bytes; the limit is {limit}", headers={"connection": "close"})
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -99,7 +101,7 @@ async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> by
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise BodyTooLarge(f"the request body is over the limit of {limit} bytes")
+            raise BodyTooLarge(f"the request body is over the limit of {limit} bytes", headers={"connection": "close"})
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

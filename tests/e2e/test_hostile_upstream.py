@@ -167,39 +167,38 @@ def test_a_large_answer_comes_through_whole_from_one_upstream_call(tmp_path: Pat
     with_gateway(tmp_path, scenario)
 
 
+async def refused_in_time(setup: Setup, model: str, *, stream: bool) -> openai.APIStatusError:
+    """Calls `model` while probing /healthz: the call must fail inside the deadline, the
+    event loop must keep answering (a frozen loop shows in every probe, not in one late
+    answer on a shared machine) and the gateway's memory must stay bounded."""
+    before = rss_mib(setup.gateway.pid)
+    with HealthProbe(setup.gateway.url) as probe:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as caught:
+            answer = await setup.client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                                stream=stream)
+            if stream:
+                await _gather_text(answer)  # type: ignore[arg-type]
+        elapsed = time.monotonic() - started
+    assert elapsed < DEADLINE_S
+    assert probe.times and statistics.median(probe.times) < 0.1 and max(probe.times) < 2.0
+    assert rss_mib(setup.gateway.pid) - before < 100
+    return caught.value
+
+
 def test_a_header_flood_is_a_502_inside_the_deadline_and_the_gateway_keeps_answering(tmp_path: Path) -> None:
     async def scenario(setup: Setup) -> None:
-        before = rss_mib(setup.gateway.pid)
-        with HealthProbe(setup.gateway.url) as probe:
-            started = time.monotonic()
-            with pytest.raises(openai.APIStatusError) as caught:
-                await setup.client.chat.completions.create(model="flood", messages=[{"role": "user", "content": "hi"}])
-            elapsed = time.monotonic() - started
-        assert caught.value.status_code == 502 and elapsed < DEADLINE_S
-        assert caught.value.response.headers["x-should-retry"] == "false"
+        refused = await refused_in_time(setup, "flood", stream=False)
+        assert refused.status_code == 502 and refused.response.headers["x-should-retry"] == "false"
         assert setup.upstream_calls("flood") == 1  # refused, never asked again
-        # The event loop never froze: the probe's typical answer stays fast (the machine is shared, so one
-        # late answer is no proof of a freeze; a frozen loop shows in all of them).
-        assert probe.times and statistics.median(probe.times) < 0.1 and max(probe.times) < 2.0
-        assert rss_mib(setup.gateway.proc.pid) - before < 100  # type: ignore[union-attr]
 
     with_gateway(tmp_path, scenario)
 
 
 def test_an_event_that_never_ends_is_a_502_inside_the_deadline_with_memory_bounded(tmp_path: Path) -> None:
     async def scenario(setup: Setup) -> None:
-        before = rss_mib(setup.gateway.pid)
-        with HealthProbe(setup.gateway.url) as probe:
-            started = time.monotonic()
-            with pytest.raises(openai.APIStatusError) as caught:
-                stream = await setup.client.chat.completions.create(
-                    model="endless", messages=[{"role": "user", "content": "hi"}], stream=True)
-                await _gather_text(stream)
-            elapsed = time.monotonic() - started
-        assert caught.value.status_code == 502 and elapsed < DEADLINE_S
-        assert "upstream_reply_too_large" in caught.value.response.text
-        assert probe.times and statistics.median(probe.times) < 0.1 and max(probe.times) < 2.0
-        assert rss_mib(setup.gateway.proc.pid) - before < 100  # type: ignore[union-attr]
+        refused = await refused_in_time(setup, "endless", stream=True)
+        assert refused.status_code == 502 and "upstream_reply_too_large" in refused.response.text
         await setup.server.connection_ended(0)  # the gateway hung up on it
 
     with_gateway(tmp_path, scenario)

@@ -45,24 +45,24 @@ def write_policy(path: Path, hosted: str, key: str) -> None:
         """))
 
 
-async def load(url: str, key: str, billed_enough: Callable[[], bool], proc: GatewayProcess) -> int:
+async def keep_calling(client: httpx.AsyncClient, i: int, urls: Callable[[int], str], key: str) -> None:
+    """One client, calling until cancelled: streamed when `i` is even, `urls(n)` for its n-th call."""
+    n = 0
+    while True:
+        n += 1
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"job {i}-{n}"}], "stream": i % 2 == 0}
+        with contextlib.suppress(httpx.HTTPError):
+            async with client.stream("POST", f"{urls(n)}/v1/chat/completions", json=body,
+                                     headers={"authorization": f"Bearer {key}"}) as r:
+                async for _ in r.aiter_raw():
+                    pass
+
+
+async def load(url: str, key: str, billed_enough: Callable[[], bool], proc: GatewayProcess) -> None:
     """Keep 24 requests in flight (half streamed); once the provider has billed some,
     kill the gateway while others are still mid-way."""
-    sent = 0
-
-    async def worker(i: int, client: httpx.AsyncClient) -> None:
-        nonlocal sent
-        while True:
-            sent += 1
-            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"job {i}-{sent}"}], "stream": i % 2 == 0}
-            with contextlib.suppress(httpx.HTTPError):
-                async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
-                                         headers={"authorization": f"Bearer {key}"}) as r:
-                    async for _ in r.aiter_raw():
-                        pass
-
     async with httpx.AsyncClient(timeout=10) as client:
-        workers = [asyncio.create_task(worker(i, client)) for i in range(24)]
+        workers = [asyncio.create_task(keep_calling(client, i, lambda _: url, key)) for i in range(24)]
         deadline = time.monotonic() + 30
         while not billed_enough():
             assert time.monotonic() < deadline, "the provider never billed anything"
@@ -72,7 +72,6 @@ async def load(url: str, key: str, billed_enough: Callable[[], bool], proc: Gate
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-    return sent
 
 
 def test_sigkill_under_load_loses_no_billed_request(tmp_path: Path) -> None:
@@ -162,20 +161,11 @@ async def load_and_kill(replicas: list[GatewayProcess], keys: list[str], billed:
     provider has billed 25 more calls, one replica is killed with SIGKILL and started
     again, while the others keep serving."""
 
-    async def worker(i: int, client: httpx.AsyncClient) -> None:
-        n = 0
-        while True:
-            n += 1
-            replica = replicas[(i + n) % len(replicas)]
-            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"job {i}-{n}"}], "stream": i % 2 == 0}
-            with contextlib.suppress(httpx.HTTPError):
-                async with client.stream("POST", f"{replica.url}/v1/chat/completions", json=body,
-                                         headers={"authorization": f"Bearer {keys[i % len(keys)]}"}) as r:
-                    async for _ in r.aiter_raw():
-                        pass
+    def spread(i: int) -> Callable[[int], str]:
+        return lambda n: replicas[(i + n) % len(replicas)].url
 
     async with httpx.AsyncClient(timeout=10) as client:
-        workers = [asyncio.create_task(worker(i, client)) for i in range(24)]
+        workers = [asyncio.create_task(keep_calling(client, i, spread(i), keys[i % len(keys)])) for i in range(24)]
         deadline = time.monotonic() + 60
         for kill in range(kills):
             while billed() < 25 * (kill + 1):

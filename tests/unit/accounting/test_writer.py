@@ -210,3 +210,22 @@ def test_flush_returns_once_earlier_lazy_writes_are_committed(engine: Engine) ->
         return marks(engine)
 
     assert with_writer(engine, body) == [3]
+
+
+def test_an_operation_that_fails_mid_read_leaves_the_ledger_writable(engine: Engine) -> None:
+    """A bug in one operation (not the database) that leaves a read unfinished must not
+    leave SQLite's write lock behind: the next writes commit as usual."""
+
+    def read_then_fail(sql: Native) -> None:
+        sql.execute(INSERT, {"v": 1})
+        sql.execute(INSERT, {"v": 2})
+        sql.fetchone("SELECT v FROM marks", {})  # one row of two: the statement is unfinished
+        raise OverflowError("a value the driver cannot take")
+
+    async def body(writer: GroupCommitWriter) -> None:
+        with pytest.raises(OverflowError):
+            await writer.run(read_then_fail)
+        await writer.run(mark(3))
+
+    with_writer(engine, body)
+    assert marks(engine) == [3]
