@@ -20,3 +20,18 @@ def debian_program(name: str, package: str) -> str:
             pytest.fail(f"{reason}; CI must run these tests (.ci/run installs it)")
         pytest.skip(reason)
     return found
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def playwright_available() -> None:
+    """playwright (from the lock) drives Debian's Chromium; it never downloads a browser."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as exc:
+        reason = f"playwright is not installed ({exc}); `python3 run.py test` installs it from requirements.lock"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
