@@ -21,9 +21,15 @@ if TYPE_CHECKING:
     from gateway.app import GatewayApp
 
 
-def policy_path(args: argparse.Namespace) -> str | None:
-    """--policy, else $GATEWAY_POLICY; None (after saying so) when neither is set."""
+def policy_path(args: argparse.Namespace, *, demo: bool = False) -> str | None:
+    """--policy, else $GATEWAY_POLICY, else (`demo`: for the report commands) the policy
+    of a demo run from this folder, with its simulator key; None (after saying so)
+    when there is none."""
     path: str | None = args.policy or os.environ.get("GATEWAY_POLICY")
+    if not path and demo:
+        from gateway.demo_files import demo_policy_for_reports
+
+        path = demo_policy_for_reports()
     if not path:
         print("error: no policy file: pass --policy FILE or set GATEWAY_POLICY", file=sys.stderr)
     return path or None
@@ -173,20 +179,36 @@ def cmd_pricing_show(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from datetime import date
+    from datetime import UTC, date, datetime
 
     from gateway.accounting.importers import run_reconcile
     from gateway.settings import Settings
 
-    policy = policy_path(args)
+    policy = policy_path(args, demo=True)
     if policy is None:
         return 2
+    if args.provider:
+        providers = [args.provider]
+    else:
+        try:  # every hosted upstream: a pool is compared over a live window, which the user asks for by name
+            providers = sorted(name for name, upstream in load_policy_file(policy).upstreams.items() if upstream.kind != "vllm")
+        except PolicyInvalid as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        if not providers:
+            print(f"error: {policy} has no hosted upstream to reconcile; name one with --provider (see --help)", file=sys.stderr)
+            return 2
+    since = date.fromisoformat(args.since) if args.since else datetime.now(UTC).date().replace(day=1)
     settings = Settings()
-    code, text = run_reconcile(policy, args.database_url or settings.effective_database_url(), args.provider,
-                               date.fromisoformat(args.since), date.fromisoformat(args.until) if args.until else None,
-                               show_progress=not args.quiet, pricing_dir=settings.gateway_pricing_dir)
-    print(text)
-    return code
+    codes, texts = [], []
+    for provider in providers:
+        code, text = run_reconcile(policy, args.database_url or settings.effective_database_url(), provider, since,
+                                   date.fromisoformat(args.until) if args.until else None,
+                                   show_progress=not args.quiet, pricing_dir=settings.gateway_pricing_dir)
+        codes.append(code)
+        texts.append(text)
+    print("\n\n".join(texts))
+    return max(codes)
 
 
 def cmd_routes_report(args: argparse.Namespace) -> int:
@@ -197,7 +219,7 @@ def cmd_routes_report(args: argparse.Namespace) -> int:
     from gateway.accounting.route_report import report_text, route_report
     from gateway.settings import Settings
 
-    policy = policy_path(args)
+    policy = policy_path(args, demo=True)
     if policy is None:
         return 2
     settings = Settings()
@@ -263,11 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_pricing_show)
 
     reconcile = sub.add_parser("reconcile", help="compare the ledger with what a provider billed")
-    reconcile.add_argument("--provider", required=True,
-                           help="an upstream name from the policy, vllm:UPSTREAM[@SECONDS], csv:[UPSTREAM:]PATH or anthropic:[UPSTREAM:]PATH")
-    reconcile.add_argument("--since", required=True, help="first day, YYYY-MM-DD")
+    reconcile.add_argument("--provider",
+                           help="an upstream name from the policy, vllm:UPSTREAM[@SECONDS], csv:[UPSTREAM:]PATH or anthropic:[UPSTREAM:]PATH"
+                                " (default: each hosted upstream of the policy)")
+    reconcile.add_argument("--since", help="first day, YYYY-MM-DD (default: the first of this month, UTC)")
     reconcile.add_argument("--until", help="day after the last, YYYY-MM-DD (default: through today)")
-    reconcile.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY)")
+    reconcile.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY, else a demo's in var/demo/)")
     reconcile.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
     reconcile.add_argument("--quiet", action="store_true", help="no progress bar")
     reconcile.set_defaults(func=cmd_reconcile)
@@ -275,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     routes = sub.add_parser("routes", help="routing reports")
     routes_sub = routes.add_subparsers(dest="routes_command", required=True)
     report = routes_sub.add_parser("report", help="per route: escalation rate by reason, cost per successful request")
-    report.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY)")
+    report.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY, else a demo's in var/demo/)")
     report.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
     report.add_argument("--since", help="first day, YYYY-MM-DD")
     report.set_defaults(func=cmd_routes_report)

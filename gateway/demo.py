@@ -1,5 +1,11 @@
 """`gateway demo`: both simulators and a gateway in one process, on local ports, with a
-fresh key - everything a new user needs to try the gateway with no keys or services."""
+key for the application and one for finance - everything a new user needs to try the
+gateway with no keys or services.
+
+What it generates is kept under var/demo/ (gateway/demo_files.py) and reused on the next
+start: the keys, the simulator's usage report (so reconciliation still matches the
+ledger after a restart) and the policy, which is the user's to edit: a restart keeps
+the edits, changing only the simulator ports if they moved."""
 
 from __future__ import annotations
 
@@ -7,13 +13,17 @@ import argparse
 import asyncio
 import os
 import re
+import secrets
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
 
 from gateway.app import GatewayApp, create_app
 from gateway.auth.keys import key_digest, new_api_key
+from gateway.demo_files import DemoFiles, write_private
+from gateway.routing.loader import PolicyInvalid, load_policy_file
 from gateway.serving.protocol import BoundedHttpProtocol
 from gateway.settings import Settings
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
@@ -21,20 +31,64 @@ from gateway.sim.vllm import VllmSimConfig, create_vllm_app
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "policies" / "demo.yaml"
 PLACEHOLDER = re.compile(r"sha256:0{64}")
+TEMPLATE_PORTS = {"hosted": 9100, "vllm": 9200}
+SIMULATOR_KEY_ENV = "DEMO_HOSTED_API_KEY"  # the demo policy's `api_key_env` for the hosted simulator
 
 
-def write_demo_policy(var_dir: Path, hosted_port: int, vllm_port: int) -> tuple[Path, str]:
-    demo_dir = var_dir / "demo"
-    demo_dir.mkdir(parents=True, exist_ok=True)
-    key_file = demo_dir / "api-key"
-    key = key_file.read_text().strip() if key_file.exists() else new_api_key()
-    key_file.write_text(key + "\n")
-    text = TEMPLATE.read_text()
-    text = PLACEHOLDER.sub(key_digest(key), text)
-    text = text.replace("127.0.0.1:9100", f"127.0.0.1:{hosted_port}").replace("127.0.0.1:9200", f"127.0.0.1:{vllm_port}")
-    policy = demo_dir / "policy.yaml"
-    policy.write_text(text)
-    return policy, key
+@dataclass(frozen=True, slots=True)
+class Demo:
+    files: DemoFiles
+    key: str
+    admin_key: str
+    notes: list[str]
+
+
+def _kept_secret(path: Path, make: str) -> str:
+    if path.exists():
+        return path.read_text().strip()
+    write_private(path, make + "\n")
+    return make
+
+
+def prepare_demo(var_dir: Path, hosted_port: int, vllm_port: int) -> Demo:
+    """The demo's files, made on the first start and kept after."""
+    files = DemoFiles.under(var_dir)
+    files.folder.mkdir(parents=True, exist_ok=True)
+    key = _kept_secret(files.api_key, new_api_key())
+    admin = os.environ.get("GATEWAY_ADMIN_KEY") or _kept_secret(files.admin_key, "sk-admin-" + secrets.token_urlsafe(24))
+    provider_keys = files.read_provider_keys()
+    provider_keys[SIMULATOR_KEY_ENV] = os.environ.get(SIMULATOR_KEY_ENV) or provider_keys.get(SIMULATOR_KEY_ENV) or "sk-sim-demo"
+    files.write_provider_keys(provider_keys)
+    ports = {"hosted": hosted_port, "vllm": vllm_port}
+    notes = _write_policy(files, key, ports)
+    files.write_ports(ports)
+    return Demo(files, key, admin, notes)
+
+
+def _write_policy(files: DemoFiles, key: str, ports: dict[str, int]) -> list[str]:
+    if not files.policy.exists():
+        text = PLACEHOLDER.sub(key_digest(key), TEMPLATE.read_text())
+        files.policy.write_text(_moved(text, TEMPLATE_PORTS, ports))
+        return [f"wrote {files.policy} from {TEMPLATE.name}"]
+    notes = [f"kept your {files.policy} (delete it to start again from {TEMPLATE.name})"]
+    text = files.policy.read_text()
+    moved = _moved(text, {**TEMPLATE_PORTS, **files.read_ports()}, ports)
+    if moved != text:
+        files.policy.write_text(moved)
+        notes.append("changed only the simulators' ports in it, to the ones this demo listens on")
+    if key_digest(key) not in moved:
+        notes.append(f"note: it does not list the demo key's digest; add \"{key_digest(key)}\" to a tenant's api_keys")
+    return notes
+
+
+def _moved(text: str, before: dict[str, int], after: dict[str, int]) -> str:
+    """`text` with each simulator's 127.0.0.1 address on its new port (all at once, so
+    two ports that trade places do not clash)."""
+    renames = {str(before[name]): str(after[name]) for name in after if name in before and before[name] != after[name]}
+    if not renames:
+        return text
+    pattern = re.compile(r"127\.0\.0\.1:(" + "|".join(map(re.escape, renames)) + r")\b")
+    return pattern.sub(lambda m: f"127.0.0.1:{renames[m.group(1)]}", text)
 
 
 def _port_free(port: int) -> bool:
@@ -47,20 +101,29 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _banner(port: int, key: str, policy: Path) -> str:
+def _banner(port: int, demo: Demo) -> str:
     base = f"http://127.0.0.1:{port}/v1"
+    notes = "".join(f"  ({note})\n" for note in demo.notes)
     return f"""
 Gateway demo is running.
   base URL : {base}
-  API key  : {key}
-  policy   : {policy}   (edit it: changes go live without a restart)
-  metrics  : http://127.0.0.1:{port}/metrics
+  API key  : {demo.key}
+  policy   : {demo.files.policy}   (edit it: changes go live without a restart, and a restart keeps them)
+{notes}  metrics  : http://127.0.0.1:{port}/metrics
+
+Finance dashboard:
+  address  : http://127.0.0.1:{port}/ui/
+  admin key: {demo.admin_key}   (sign in with it; also the bearer key of /admin/*; kept in {demo.files.admin_key})
 
 Try it:
     from openai import OpenAI
-    client = OpenAI(base_url="{base}", api_key="{key}")
+    client = OpenAI(base_url="{base}", api_key="{demo.key}")
     reply = client.chat.completions.create(model="gpt-4o-mini", messages=[{{"role": "user", "content": "Hello"}}])
     print(reply.choices[0].message.content, reply.usage)
+
+Reports, from this folder in another terminal (`python3 run.py ...` in the repository):
+    gateway reconcile          # the ledger against the simulator's usage report, this month
+    gateway routes report      # escalations and cost per successful request, per route
 
 Press Ctrl-C to stop.
 """
@@ -76,9 +139,16 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"error: port {port} is in use; pick others with --port/--hosted-port/--vllm-port")
             return 1
     var_dir = Path(os.environ.get("GATEWAY_VAR_DIR", "var"))
-    policy, key = write_demo_policy(var_dir, args.hosted_port, args.vllm_port)
-    os.environ.setdefault("DEMO_HOSTED_API_KEY", "sk-sim-demo")
-    settings = Settings(gateway_policy=policy, gateway_var_dir=var_dir)
+    demo = prepare_demo(var_dir, args.hosted_port, args.vllm_port)
+    try:
+        load_policy_file(demo.files.policy)
+    except PolicyInvalid as exc:
+        print(exc)
+        print(f"error: fix {demo.files.policy}, or delete it to start again from {TEMPLATE.name}")
+        return 1
+    for name, value in demo.files.read_provider_keys().items():
+        os.environ.setdefault(name, value)
+    settings = Settings(gateway_policy=demo.files.policy, gateway_var_dir=var_dir, gateway_admin_key=demo.admin_key)
 
     def server(app: object, port: int) -> uvicorn.Server:
         # The gateway over its own HTTP/1.1 protocol, as `gateway serve`; the simulators over uvicorn's.
@@ -88,11 +158,11 @@ def run_demo(args: argparse.Namespace) -> int:
         return uvicorn.Server(config)
 
     servers = [
-        server(create_hosted_app(HostedSimConfig()), args.hosted_port),
+        server(create_hosted_app(HostedSimConfig(), demo.files.hosted_usage), args.hosted_port),
         server(create_vllm_app(VllmSimConfig()), args.vllm_port),
         server(create_app(settings), args.port),
     ]
-    print(_banner(args.port, key, policy), flush=True)
+    print(_banner(args.port, demo), flush=True)
     try:
         asyncio.run(_serve_all(servers))
     except KeyboardInterrupt:

@@ -245,6 +245,7 @@ class Accounting:
         pending = False
         for number, attempt in enumerate(ctx.attempts, start=1):
             quote, a_cost, a_saved, at = self._priced(attempt)
+            attempt.cost_pico = a_cost
             usage = attempt.usage or attempt.estimated
             if usage is None and attempt.status in UNCONFIRMED:
                 pending = True
@@ -259,7 +260,11 @@ class Accounting:
     def cost(self, ctx: RequestContext) -> int:
         """What the attempts cost, each at the price in effect when it ran: the figure
         `settle` books, known before the books are written."""
-        return sum(self._priced(attempt)[1] for attempt in ctx.attempts)
+        total = 0
+        for attempt in ctx.attempts:
+            attempt.cost_pico = self._priced(attempt)[1]
+            total += attempt.cost_pico
+        return total
 
     def _priced(self, attempt: Attempt) -> tuple[PriceQuote, int, int, datetime]:
         """(quote, cost, saved, when it ran) of one attempt."""

@@ -9,6 +9,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.accounting.finance import reconciliation_to_csv, task_rows, tasks_to_csv
 from gateway.accounting.reports import cost_rows, parse_group_by, rows_to_csv
 from gateway.accounting.route_report import route_report
 from gateway.auth.keys import bearer_matches
@@ -43,6 +44,10 @@ def _day(value: str | None, name: str) -> date | None:
         raise InvalidRequest(f"`{name}` must be a date like 2026-11-01", param=name) from None
 
 
+def wants_csv(request: Request) -> bool:
+    return request.query_params.get("format") == "csv" or "text/csv" in request.headers.get("accept", "")
+
+
 def build_admin_router() -> APIRouter:
     router = APIRouter(prefix="/admin")
 
@@ -56,7 +61,7 @@ def build_admin_router() -> APIRouter:
             raise InvalidRequest(str(exc), param="group_by") from None
         since, until = _day(q.get("from"), "from"), _day(q.get("to"), "to")
         rows = await anyio.to_thread.run_sync(cost_rows, services.reader, group_by, since, until, q.get("tenant"))
-        if q.get("format") == "csv" or "text/csv" in request.headers.get("accept", ""):
+        if wants_csv(request):
             return Response(rows_to_csv(rows, group_by), media_type="text/csv")
         return Response(orjson.dumps({"rows": rows}), media_type="application/json")
 
@@ -81,7 +86,20 @@ def build_admin_router() -> APIRouter:
             raise UpstreamError(f"the provider's usage report could not be read: {exc}") from None
         except PricingInvalid as exc:
             raise GatewayError(f"prices could not be read: {'; '.join(exc.problems)}") from None
+        if wants_csv(request):
+            return Response(reconciliation_to_csv(report), media_type="text/csv")
         return Response(orjson.dumps(report), media_type="application/json")
+
+    @router.get("/tasks")
+    async def task_books(request: Request) -> Response:
+        """Tasks opened in [from, to) (UTC days), newest first, with their books."""
+        services = await books_services(request)
+        q = request.query_params
+        since, until = _day(q.get("from"), "from"), _day(q.get("to"), "to")
+        rows = await anyio.to_thread.run_sync(task_rows, services.reader, since, until, q.get("tenant"))
+        if wants_csv(request):
+            return Response(tasks_to_csv(rows), media_type="text/csv")
+        return Response(orjson.dumps({"rows": rows}), media_type="application/json")
 
     @router.get("/routes")
     async def routes(request: Request) -> Response:

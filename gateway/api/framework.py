@@ -1,7 +1,7 @@
 """The framework app: every route but the hot paths and liveness (models list, readiness,
-metrics, admin, tasks, tools), with OpenAI-shaped errors and an `x-request-id` on every
-response. Importing the framework and building its routes costs about a third of a
-second of CPU, so it is built off the start-up path (see gateway.app)."""
+metrics, admin, tasks, tools, the finance dashboard), with OpenAI-shaped errors and an
+`x-request-id` on every response. Importing the framework and building its routes costs
+about a third of a second of CPU, so it is built off the start-up path (see gateway.app)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gateway.api.health import build_health_router
 from gateway.api.openai_routes import build_router
 from gateway.api.tasks import build_tasks_router
 from gateway.api.tools import build_tools_router
+from gateway.api.ui import build_ui_router
 from gateway.services import Services
 from gateway.telemetry.ids import IdSource
 
@@ -31,6 +32,7 @@ def build_framework(services: Services) -> ASGIApp:
     app.include_router(build_tasks_router())
     app.include_router(build_admin_router())
     app.include_router(build_tools_router())
+    app.include_router(build_ui_router())
     app.add_middleware(BodyLimit, max_body_bytes=lambda: services.policies.current.policy.defaults.max_body_bytes)
     # Around the whole app, not one of its middlewares: Starlette renders a 500 outside those.
     return RequestIds(app, services.pipeline.parts.ids)

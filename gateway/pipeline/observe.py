@@ -29,6 +29,8 @@ def record_request(m: Metrics, ctx: RequestContext) -> None:
         m.attempts.inc((target.upstream, target.name, attempt.status))
         if a_tl.upstream_start is not None and a_tl.end is not None:
             m.upstream_latency.observe((target.upstream,), a_tl.end - a_tl.upstream_start)
+        if attempt.cost_pico:  # booked from reported usage, or from the gateway's estimate when none came
+            m.cost.inc((tenant, target.name), attempt.cost_pico)
         usage = attempt.usage
         if usage is None:
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from gateway.sim.asgi import ASGIApp
@@ -46,7 +47,7 @@ def _run_hosted(args: argparse.Namespace) -> int:
     )
     if args.model:
         config.models = list(args.model)
-    return _serve("hosted simulator", create_hosted_app(config), args)
+    return _serve("hosted simulator", create_hosted_app(config, args.usage_file), args)
 
 
 def _positive_float(text: str) -> float:
@@ -123,6 +124,8 @@ def add_sim_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     hosted.add_argument("--tokens-per-tiktoken", type=_positive_float, default=1.0, metavar="RATIO",
                         help="prompt tokens counted (and billed) per tiktoken token: a provider with another tokenizer")
     hosted.add_argument("--embedding-dims", type=int, default=64)
+    hosted.add_argument("--usage-file", type=Path, default=None,
+                        help="keep the usage report in this file (JSON lines), so it survives a restart")
     hosted.add_argument("--quality-profile", action="append", type=_quality_profile, metavar="MODEL=FAIL,SILENT",
                         help="share of prompts MODEL answers failing a verifiable check / silently wrong (repeat);"
                              " truth at GET /sim/truth/{response id}")

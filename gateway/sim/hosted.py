@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from gateway.sim import hosted_inference
@@ -28,8 +29,8 @@ MODEL_CREATED = 1_700_000_000
 class HostedSimulator(RoutedApp):
     """ASGI app; `config` may be changed in place (or via `POST /sim/config`) while serving."""
 
-    def __init__(self, config: HostedSimConfig) -> None:
-        self.state = HostedState(config)
+    def __init__(self, config: HostedSimConfig, usage_journal: Path | None = None) -> None:
+        self.state = HostedState(config, usage=UsageLedger.kept_in(usage_journal) if usage_journal is not None else UsageLedger())
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): partial(hosted_inference.chat, self.state),
             ("POST", "/v1/completions"): partial(hosted_inference.completions, self.state),
@@ -165,5 +166,6 @@ def _json_body(request: HttpRequest) -> Any:
         raise SimRequestError("Expected a JSON body.") from None
 
 
-def create_hosted_app(config: HostedSimConfig | None = None) -> HostedSimulator:
-    return HostedSimulator(config or HostedSimConfig())
+def create_hosted_app(config: HostedSimConfig | None = None, usage_journal: Path | None = None) -> HostedSimulator:
+    """`usage_journal`: a file that keeps the usage report across restarts (UsageLedger)."""
+    return HostedSimulator(config or HostedSimConfig(), usage_journal)

@@ -7,12 +7,16 @@ ones it did.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
+
+import orjson
 
 from gateway.sim.generation import SimRequestError
 
@@ -60,19 +64,52 @@ class UsageRecord:
 
 @dataclass
 class UsageLedger:
+    """Every billed request. With a `journal` file the report outlives the process, as a
+    provider's does: each record is appended to it as one JSON line, and a simulator
+    started on the same file reports the earlier usage too (`gateway demo` keeps one
+    under var/demo/, so reconciliation still matches after a restart)."""
+
     records: list[UsageRecord] = field(default_factory=list)
+    journal: Path | None = None
+
+    @classmethod
+    def kept_in(cls, journal: Path) -> UsageLedger:
+        """The records already in `journal` (a last line cut short by a crash is
+        skipped), and every new one appended to it."""
+        records, skipped = [], False
+        if journal.exists():
+            for line in journal.read_bytes().splitlines():
+                try:
+                    records.append(UsageRecord(**orjson.loads(line)))
+                except (orjson.JSONDecodeError, TypeError):
+                    skipped = True
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        ledger = cls(records, journal)
+        if skipped:
+            ledger._rewrite()  # so the next record starts on a line of its own
+        return ledger
 
     def add(self, record: UsageRecord) -> None:
         self.records.append(record)
+        if self.journal is not None:
+            with self.journal.open("ab") as out:
+                out.write(orjson.dumps(dataclasses.asdict(record)) + b"\n")
 
     def omit(self, request_id: str) -> bool:
         kept = [r for r in self.records if r.request_id != request_id]
         removed = len(kept) != len(self.records)
         self.records = kept
+        if removed:
+            self._rewrite()
         return removed
 
     def clear(self) -> None:
         self.records.clear()
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        if self.journal is not None:
+            self.journal.write_bytes(b"".join(orjson.dumps(dataclasses.asdict(r)) + b"\n" for r in self.records))
 
 
 _WIDTHS = {"1m": 60, "1h": 3600, "1d": 86400}

@@ -13,7 +13,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from gateway.telemetry.tallies import CountTally, TallyCollector, TimeTally
+from gateway.telemetry.tallies import CountTally, MoneyTally, TallyCollector, TimeTally
 
 TENANT = "tenant"
 
@@ -36,6 +36,8 @@ class Metrics:
         self.estimate_error = TimeTally("gateway_prompt_estimate_ratio", "Reported / estimated prompt tokens", ["model"],
                                         (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0))
         self.cache = CountTally("gateway_response_cache", "Response cache outcomes", ["tenant", "result"])
+        # What each model call's attempts cost, as booked to the ledger (exact pico-dollars inside).
+        self.cost = MoneyTally("gateway_cost_usd", "Cost of model calls booked to the ledger, USD", ["tenant", "model"])
         r.register(TallyCollector([t for t in vars(self).values() if isinstance(t, CountTally | TimeTally)]))
         # Rare events: plain prometheus_client metrics.
         self.policy_reloads = Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r)

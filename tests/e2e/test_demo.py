@@ -1,4 +1,6 @@
-"""`gateway demo` as a new user runs it: the printed key and snippet work as printed."""
+"""`gateway demo` as a new user runs it: the printed key and snippet work as printed,
+the printed admin key opens the printed finance dashboard, and after a restart the
+user's policy edits are still there and `gateway reconcile` (no flags) still matches."""
 
 from __future__ import annotations
 
@@ -7,18 +9,28 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import openai
 
 from tests.support.processes import free_port
 
+HELLO: Any = [{"role": "user", "content": "Hello"}]
+EDIT = "\n  edited-route:                 # added by the user\n    chain: [sim-small]\n"
 
-def test_demo_prints_a_working_key_and_base_url(tmp_path: Path) -> None:
+
+@contextmanager
+def demo(var_dir: Path) -> Iterator[dict[str, str]]:
+    """A demo on fresh ports; yields what its banner printed."""
     ports = [free_port() for _ in range(3)]
+    env = {k: v for k, v in os.environ.items() if k not in ("GATEWAY_POLICY", "GATEWAY_ADMIN_KEY", "DATABASE_URL")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo", "--port", str(ports[0]), "--hosted-port", str(ports[1]), "--vllm-port", str(ports[2])],
-        env={**os.environ, "GATEWAY_VAR_DIR": str(tmp_path / "var")}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**env, "GATEWAY_VAR_DIR": str(var_dir)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         banner = ""
@@ -27,14 +39,71 @@ def test_demo_prints_a_working_key_and_base_url(tmp_path: Path) -> None:
         while "Press Ctrl-C" not in banner:
             assert time.monotonic() < deadline and proc.poll() is None, banner
             banner += proc.stdout.readline()
-        base_url = re.search(r"base URL : (\S+)", banner).group(1)  # type: ignore[union-attr]
-        key = re.search(r"API key  : (\S+)", banner).group(1)  # type: ignore[union-attr]
-        assert f'OpenAI(base_url="{base_url}", api_key="{key}")' in banner
-        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=5)
-        reply = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Hello"}])
-        assert reply.choices[0].message.content
-        pooled = client.chat.completions.create(model="pool-model", messages=[{"role": "user", "content": "Hello"}])
-        assert pooled.choices[0].message.content
+        found = {name: re.search(pattern, banner).group(1)  # type: ignore[union-attr]
+                 for name, pattern in (("base_url", r"base URL : (\S+)"), ("key", r"API key  : (\S+)"),
+                                       ("ui", r"address  : (\S+)"), ("admin_key", r"admin key: (\S+)"))}
+        yield {**found, "banner": banner}
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def reports(var_dir: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """A report command run next to the demo, as the banner says: no flags, no policy, no keys."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GATEWAY_POLICY", "DEMO_HOSTED_API_KEY", "DATABASE_URL")}
+    return subprocess.run([sys.executable, "-m", "gateway", *command], env={**env, "GATEWAY_VAR_DIR": str(var_dir)},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_demo_prints_a_working_key_and_base_url(tmp_path: Path) -> None:
+    with demo(tmp_path / "var") as printed:
+        assert f'OpenAI(base_url="{printed["base_url"]}", api_key="{printed["key"]}")' in printed["banner"]
+        client = openai.OpenAI(base_url=printed["base_url"], api_key=printed["key"], max_retries=5)
+        reply = client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        assert reply.choices[0].message.content
+        pooled = client.chat.completions.create(model="pool-model", messages=HELLO)
+        assert pooled.choices[0].message.content
+
+
+def test_the_printed_admin_key_opens_the_printed_dashboard(tmp_path: Path) -> None:
+    var_dir = tmp_path / "var"
+    with demo(var_dir) as printed:
+        ui, admin_key = printed["ui"], printed["admin_key"]
+        assert ui == printed["base_url"].removesuffix("/v1") + "/ui/"
+        assert (var_dir / "demo" / "admin-key").read_text().strip() == admin_key
+        assert (var_dir / "demo" / "admin-key").stat().st_mode & 0o077 == 0, "a key file only its owner reads"
+        with httpx.Client(timeout=30) as browser:
+            assert 'type="password"' in browser.get(ui).text
+            signed = browser.post(ui + "sign-in", data={"admin_key": admin_key})
+            assert signed.status_code == 303 and "gateway_ui_session" in browser.cookies
+            assert 'id="tenants"' in browser.get(ui).text
+        costs = httpx.get(ui.removesuffix("/ui/") + "/admin/costs", headers={"authorization": f"Bearer {admin_key}"})
+        assert costs.status_code == 200
+
+
+def test_a_restart_keeps_policy_edits_and_reconciliation_still_matches(tmp_path: Path) -> None:
+    var_dir = tmp_path / "var"
+    policy = var_dir / "demo" / "policy.yaml"
+    with demo(var_dir) as first:
+        client = openai.OpenAI(base_url=first["base_url"], api_key=first["key"], max_retries=5)
+        for _ in range(2):
+            client.chat.completions.create(model="gpt-4o-mini", messages=HELLO)
+        policy.write_text(policy.read_text() + EDIT)
+    with demo(var_dir) as second:
+        assert (second["key"], second["admin_key"]) == (first["key"], first["admin_key"])
+        assert second["base_url"] != first["base_url"], "a new port: the simulators' ports in the policy follow"
+        assert "kept your" in second["banner"] and EDIT in policy.read_text()
+        client = openai.OpenAI(base_url=second["base_url"], api_key=second["key"], max_retries=5)
+        assert "edited-route" in {m.id for m in client.models.list()}
+        client.chat.completions.create(model="edited-route", messages=HELLO)
+        # Read through the admin API: the settlement of the last call is committed first.
+        rows = httpx.get(second["base_url"].removesuffix("/v1") + "/admin/costs", params={"group_by": "tenant"},
+                         headers={"authorization": f"Bearer {second['admin_key']}"}).json()["rows"]
+        assert rows[0]["requests"] == 3
+
+        reconciled = reports(var_dir, "reconcile", "--quiet")
+        assert reconciled.returncode == 0, reconciled.stdout + reconciled.stderr
+        assert "All groups matched." in reconciled.stdout and "Total: 3/3 requests" in reconciled.stdout
+        routes = reports(var_dir, "routes", "report")
+        assert routes.returncode == 0, routes.stdout + routes.stderr
+        assert "edited-route | 1 | 1 |" in routes.stdout

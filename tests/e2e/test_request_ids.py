@@ -32,6 +32,8 @@ def ask(stack: Stack, method: str, path: str, bearer: str | None = None, **kwarg
     ("POST", "/v1/tasks", "tenant", 201),
     ("GET", "/v1/tasks/task_unknown", "tenant", 404),
     ("POST", "/v1/tools/no-such-tool/invoke", "tenant", 404),
+    ("GET", "/ui/", None, 200),
+    ("GET", "/ui/export/tenants.csv", None, 401),
     ("GET", "/no/such/path", None, 404),
     ("POST", "/v1/chat/completions", None, 401),  # a hot path, for comparison
 ])

@@ -553,9 +553,27 @@ def test_finance_sql_reads_the_ledger_and_shows_money_in_usd() -> None:
     assert "currencyUSD" in units
 
 
-def _expand_grafana_macros(sql: str, start: datetime, end: datetime) -> str:
+def finance_tenant_variable() -> dict[str, Any]:
+    variables = {var["name"]: var for var in dashboards()["finance.json"]["templating"]["list"]}
+    found: dict[str, Any] = variables["tenant"]
+    return found
+
+
+def test_every_finance_panel_follows_the_tenant_filter() -> None:
+    tenant = finance_tenant_variable()
+    assert tenant["datasource"]["type"] == "grafana-postgresql-datasource" and tenant["multi"] and tenant["includeAll"]
+    assert re.search(r"\bFROM\s+usage_events\b", tenant["query"])
+    for where, sql in sql_targets():
+        assert "$tenant" in sql, f"{where} ignores the tenant filter"
+
+
+def expand_grafana_sql(sql: str, start: datetime, end: datetime, tenants: list[str] | None = None) -> str:
+    """What Grafana sends: time macros as literals, and `$tenant` as quoted values (the
+    variable's custom all-value for All, None)."""
     lo, hi = f"'{start:%Y-%m-%dT%H:%M:%SZ}'", f"'{end:%Y-%m-%dT%H:%M:%SZ}'"
     sql = sql.replace("$__timeFrom()", lo).replace("$__timeTo()", hi)
+    chosen = finance_tenant_variable()["allValue"] if tenants is None else ",".join(f"'{t}'" for t in tenants)
+    sql = sql.replace("${tenant}", chosen).replace("$tenant", chosen)
     return re.sub(r"\$__timeFilter\(([^)]+)\)", lambda m: f"{m.group(1)} BETWEEN {lo} AND {hi}", sql)
 
 
@@ -573,13 +591,15 @@ def test_finance_queries_run_on_the_ledger_schema(postgres_url: str) -> None:
     now = datetime.now(UTC).replace(microsecond=0)
     day = now.date().isoformat()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
-        for i, (model, cost, saved) in enumerate([("sim-small", 1_230_000_000_000, 10**11), ("sim-large", 770_000_000_000, 0)]):
+        spends = [("acme", "sim-small", 1_230_000_000_000, 10**11), ("acme", "sim-large", 770_000_000_000, 0),
+                  ("globex", "sim-small", 5 * 10**12, 0)]
+        for i, (tenant, model, cost, saved) in enumerate(spends):
             conn.execute(
                 "INSERT INTO usage_events (request_id, attempt, tenant, key_id, kind, endpoint, model, upstream_model, upstream,"
                 " status, usage_known, prompt_tokens_est, prompt_tokens, cached_tokens, cache_write_tokens, completion_tokens,"
                 " reasoning_tokens, cost_pico, saved_pico, created_at, day, timeline)"
-                " VALUES (%s, 1, 'acme', 'k1', 'model', 'chat', %s, %s, 'hosted', 'ok', true, 100, 100, 40, 0, 10, 0, %s, %s, %s, %s, '{}')",
-                (f"req-{i}", model, model, cost, saved, now, day),
+                " VALUES (%s, 1, %s, 'k1', 'model', 'chat', %s, %s, 'hosted', 'ok', true, 100, 100, 40, 0, 10, 0, %s, %s, %s, %s, '{}')",
+                (f"req-{i}", tenant, model, model, cost, saved, now, day),
             )
         conn.execute(
             "INSERT INTO budgets (id, scope, period_start, limit_pico, reserved_pico, spent_pico, calls_used, tokens_reserved, tokens_used)"
@@ -593,14 +613,19 @@ def test_finance_queries_run_on_the_ledger_schema(postgres_url: str) -> None:
             (5 * 10**11, now, now + timedelta(minutes=15)),
         )
         results: dict[str, list[tuple[Any, ...]]] = {}
+        everyone: dict[str, list[tuple[Any, ...]]] = {}
         for where, sql in sql_targets():
-            results[where] = conn.execute(_expand_grafana_macros(sql, now - timedelta(days=7), now + timedelta(days=1))).fetchall()
+            window = (now - timedelta(days=7), now + timedelta(days=1))
+            results[where] = conn.execute(expand_grafana_sql(sql, *window, ["acme"])).fetchall()
+            everyone[where] = conn.execute(expand_grafana_sql(sql, *window)).fetchall()
+            assert results[where] and everyone[where], f"{where} returns no rows"
 
     def one(title: str) -> float:
         rows = results[f"finance.json: {title}"]
         return float(rows[0][0])
 
-    assert one("Spend") == pytest.approx(2.0)
+    assert float(everyone["finance.json: Spend"][0][0]) == pytest.approx(7.0), "All: every tenant"
+    assert one("Spend") == pytest.approx(2.0), "acme only"
     assert one("Saved by cached tokens") == pytest.approx(0.1)
     assert one("Open reservations") == 1
     assert one("Held by open reservations") == pytest.approx(0.5)

@@ -18,10 +18,10 @@ class BrokenServices(SimpleNamespace):
     """Just enough of Services for the app to be built; readiness fails unexpectedly."""
 
     def __init__(self) -> None:
+        policy = SimpleNamespace(defaults=SimpleNamespace(max_body_bytes=1 << 20))  # read by the body limit on each request
         super().__init__(pipeline=SimpleNamespace(parts=SimpleNamespace(ids=IdSource())),
                          settings=SimpleNamespace(gateway_admin_key=None),
-                         policies=SimpleNamespace(current=SimpleNamespace(policy=SimpleNamespace(
-                             defaults=SimpleNamespace(max_body_bytes=1024 * 1024)))))
+                         policies=SimpleNamespace(current=SimpleNamespace(policy=policy)))
 
     async def readiness(self) -> dict[str, tuple[bool, str]]:
         raise RuntimeError("a bug, with a path: /srv/gateway/var/ledger.db")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry.metrics import Metrics
@@ -51,3 +52,25 @@ def test_the_ledger_writer_s_commits_are_counted_at_each_scrape() -> None:
     counts["commits"], counts["ops"] = 4, 12
     text = metrics.render(with_tenants=False).decode()
     assert "gateway_ledger_commits_total 4.0" in text and "gateway_ledger_operations_total 12.0" in text
+
+
+def test_cost_is_counted_exactly_and_shown_in_usd_per_tenant_only_with_the_key() -> None:
+    metrics = Metrics()
+    # A tenth of a micro-dollar, a million times: a float sum would drift, pico-dollars do not.
+    for _ in range(1_000_000):
+        metrics.cost.inc(("acme", "small"), 100_000)
+    metrics.cost.inc(("globex", "small"), 2_500_000_000_000)
+    assert metrics.cost.pico(("acme", "small")) == 10**11
+    with_tenants = samples(metrics.render(with_tenants=True))
+    assert with_tenants[("gateway_cost_usd_total", (("model", "small"), ("tenant", "acme")))] == 0.1
+    assert with_tenants[("gateway_cost_usd_total", (("model", "small"), ("tenant", "globex")))] == 2.5
+    without = samples(metrics.render(with_tenants=False))
+    assert without[("gateway_cost_usd_total", (("model", "small"),))] == 2.6
+    assert not any(name.startswith("gateway_cost") and dict(labels).get("tenant") for name, labels in without)
+
+
+def test_cost_counts_whole_pico_dollars_only() -> None:
+    metrics = Metrics()
+    for wrong in (-1, 0.5):
+        with pytest.raises(ValueError, match="pico-dollars"):
+            metrics.cost.inc(("acme", "small"), wrong)
