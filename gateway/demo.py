@@ -129,8 +129,17 @@ Press Ctrl-C to stop.
 """
 
 
-async def _serve_all(servers: list[uvicorn.Server]) -> None:
-    await asyncio.gather(*(s.serve() for s in servers))
+async def _serve_all(servers: list[uvicorn.Server], banner: str) -> None:
+    """Serve them all; the banner is printed once every one of them listens, so what it
+    tells a user (or a script reading it) to call answers at once."""
+    running = [asyncio.create_task(s.serve()) for s in servers]
+    while not all(s.started for s in servers):
+        if any(task.done() for task in running):  # one could not start: it has said why
+            break
+        await asyncio.sleep(0.01)
+    else:
+        print(banner, flush=True)
+    await asyncio.gather(*running)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -151,7 +160,7 @@ def run_demo(args: argparse.Namespace) -> int:
     settings = Settings(gateway_policy=demo.files.policy, gateway_var_dir=var_dir, gateway_admin_key=demo.admin_key)
 
     def server(app: object, port: int) -> uvicorn.Server:
-        # The gateway over its own HTTP/1.1 protocol, as `gateway serve`; the simulators over uvicorn's.
+        # The gateway over uvicorn's protocol with bounds on the request head, as `gateway serve`.
         http = BoundedHttpProtocol if isinstance(app, GatewayApp) else "httptools"
         config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http=http,  # type: ignore[arg-type]
                                 access_log=False, log_level="warning", timeout_keep_alive=75)
@@ -162,9 +171,8 @@ def run_demo(args: argparse.Namespace) -> int:
         server(create_vllm_app(VllmSimConfig()), args.vllm_port),
         server(create_app(settings), args.port),
     ]
-    print(_banner(args.port, demo), flush=True)
     try:
-        asyncio.run(_serve_all(servers))
+        asyncio.run(_serve_all(servers, _banner(args.port, demo)))
     except KeyboardInterrupt:
         pass
     return 0
