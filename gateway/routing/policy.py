@@ -60,7 +60,7 @@ class TenantLimits(RateLimits):
 
 
 class Upstream(Strict):
-    kind: Literal["openai", "vllm"]
+    kind: Literal["openai", "vllm", "anthropic"] = Field(description="anthropic: base_url as in the anthropic SDK, without /v1")
     base_url: HttpUrl | None = None
     replicas: list[HttpUrl] | None = Field(default=None, min_length=1)
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None

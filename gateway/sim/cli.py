@@ -1,4 +1,4 @@
-"""`gateway sim hosted|vllm`: run a simulator as a real HTTP server until Ctrl-C."""
+"""`gateway sim hosted|vllm|anthropic`: run a simulator as a real HTTP server until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -48,6 +48,26 @@ def _run_hosted(args: argparse.Namespace) -> int:
     if args.model:
         config.models = list(args.model)
     return _serve("hosted simulator", create_hosted_app(config, args.usage_file), args)
+
+
+def _run_anthropic(args: argparse.Namespace) -> int:
+    from gateway.sim.anthropic import AnthropicSimConfig, create_anthropic_app
+
+    config = AnthropicSimConfig(
+        seed=args.seed,
+        output_tokens=args.output_tokens,
+        token_delay_s=args.token_delay,
+        latency_s=args.latency,
+        fail_429_rate=args.fail_429_rate,
+        fail_529_rate=args.fail_529_rate,
+        retry_after_s=args.retry_after,
+        spend_limited=args.spend_limited,
+        api_keys=list(args.api_key) if args.api_key else None,
+        min_cache_tokens=args.min_cache_tokens,
+    )
+    if args.model:
+        config.models = list(args.model)
+    return _serve("Anthropic simulator", create_anthropic_app(config), args)
 
 
 def _positive_float(text: str) -> float:
@@ -104,7 +124,7 @@ def _common(parser: argparse.ArgumentParser, port: int) -> None:
 
 
 def add_sim_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
-    sim = subparsers.add_parser("sim", help="run an upstream simulator (hosted API or vLLM)")
+    sim = subparsers.add_parser("sim", help="run an upstream simulator (hosted API, Anthropic or vLLM)")
     kinds = sim.add_subparsers(dest="sim_kind", required=True)
 
     hosted = kinds.add_parser("hosted", help="OpenAI-compatible hosted API with limits, caching and faults")
@@ -130,6 +150,19 @@ def add_sim_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
                         help="share of prompts MODEL answers failing a verifiable check / silently wrong (repeat);"
                              " truth at GET /sim/truth/{response id}")
     hosted.set_defaults(func=_run_hosted)
+
+    claude = kinds.add_parser("anthropic", help="Anthropic Messages API with prompt caching, limits, 429/529 and admin reports")
+    _common(claude, 9300)
+    claude.add_argument("--model", action="append", help="served model (repeat); default: the built-in list")
+    claude.add_argument("--token-delay", type=float, default=0.0, help="seconds between streamed deltas")
+    claude.add_argument("--latency", type=float, default=0.0, help="seconds before the first token")
+    claude.add_argument("--fail-429-rate", type=float, default=0.0)
+    claude.add_argument("--fail-529-rate", type=float, default=0.0, help="share of calls answered 529 overloaded_error")
+    claude.add_argument("--retry-after", type=float, default=1.0, help="retry-after of injected 429s, seconds")
+    claude.add_argument("--spend-limited", action="store_true", help="every call 429s without retry-after (out of credit)")
+    claude.add_argument("--api-key", action="append", help="accept only this x-api-key (repeat); default: any")
+    claude.add_argument("--min-cache-tokens", type=int, default=1024, help="shortest prefix that is cached")
+    claude.set_defaults(func=_run_anthropic)
 
     vllm = kinds.add_parser("vllm", help="vLLM OpenAI-compatible server with prefix caching and metrics")
     _common(vllm, 9200)

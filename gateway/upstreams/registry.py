@@ -7,6 +7,7 @@ import asyncio
 
 from gateway.routing.policy import Policy
 from gateway.routing.policy import Upstream as UpstreamConfig
+from gateway.upstreams.anthropic import AnthropicUpstream
 from gateway.upstreams.http import HttpUpstream
 
 RETIRE_AFTER_S = 30.0
@@ -24,7 +25,7 @@ class UpstreamRegistry:
         fresh: dict[str, HttpUpstream] = {}
         for name, config in policy.upstreams.items():
             current = self._live.get(name)
-            fresh[name] = current if current is not None and _same(current.config, config) else HttpUpstream(name, config)
+            fresh[name] = current if current is not None and _same(current.config, config) else _new(name, config)
         retired = [u for name, u in self._live.items() if fresh.get(name) is not u]
         self._live = fresh
         for upstream in retired:
@@ -53,3 +54,7 @@ class UpstreamRegistry:
 
 def _same(a: UpstreamConfig, b: UpstreamConfig) -> bool:
     return a == b
+
+
+def _new(name: str, config: UpstreamConfig) -> HttpUpstream:
+    return AnthropicUpstream(name, config) if config.kind == "anthropic" else HttpUpstream(name, config)

@@ -1,0 +1,54 @@
+"""`kind: anthropic`: Anthropic's Messages API behind the gateway's OpenAI-shaped path.
+
+It goes out on the same aiohttp session, bounds and deadlines as every HTTP upstream
+(upstreams/http.py); what differs is the address (`{base_url}/v1/messages`, base_url
+as in the anthropic SDK), the credentials (`x-api-key` from `api_key_env`, and
+`anthropic-version`) and the dialect, translated in upstreams/anthropic_translate.py.
+Streaming through this adapter is not built yet: a streamed call is refused (400)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import orjson
+
+from gateway.errors import InvalidRequest
+from gateway.routing.policy import Upstream as UpstreamConfig
+from gateway.upstreams.anthropic_translate import chat_to_messages, error_to_openai, message_to_chat
+from gateway.upstreams.base import UpstreamReply
+from gateway.upstreams.http import HttpUpstream, _Stream
+
+ANTHROPIC_VERSION = "2023-06-01"
+MESSAGES_PATH = "/v1/messages"
+
+
+class AnthropicUpstream(HttpUpstream):
+    def __init__(self, name: str, config: UpstreamConfig) -> None:
+        super().__init__(name, config)
+        key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+        self._headers = {"content-type": "application/json", "accept-encoding": "identity",
+                         "anthropic-version": ANTHROPIC_VERSION}
+        if key:
+            self._headers["x-api-key"] = key
+
+    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
+        if path != "/chat/completions":
+            raise InvalidRequest(f"upstream `{self.name}` (kind: anthropic) serves chat completions only")
+        request = orjson.loads(body)
+        payload = orjson.dumps(chat_to_messages(request, str(request.get("model"))))
+        reply = await super().send(MESSAGES_PATH, payload, timeout_s)
+        if reply.status != 200:
+            return UpstreamReply(reply.status, reply.headers, error_to_openai(reply.status, reply.body), reply.replica)
+        try:
+            message = orjson.loads(reply.body)
+        except orjson.JSONDecodeError:
+            return reply  # the pipeline reports a malformed answer
+        if not isinstance(message, dict):
+            return reply
+        # The provider's request id, for the ledger and reconciliation.
+        headers = {**reply.headers, "x-request-id": reply.headers.get("request-id", "")}
+        return UpstreamReply(200, headers, orjson.dumps(message_to_chat(message, int(time.time()))), reply.replica)
+
+    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> _Stream:
+        raise InvalidRequest(f"streaming is not supported yet for upstream `{self.name}` (kind: anthropic); send stream: false")
