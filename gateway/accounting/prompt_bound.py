@@ -44,7 +44,7 @@ DEFINITIONS = ("tools", "functions", "response_format")
 def prompt_tokens_bound(endpoint: str, body: dict[str, Any]) -> int:
     """No byte-level tokenizer, under any of the chat templates allowed for above,
     counts more prompt tokens for `body` than this."""
-    if endpoint == "chat.completions":
+    if endpoint in ("chat.completions", "messages", "messages.count_tokens"):  # Anthropic's system is in the body's JSON too
         return _chat_bound(body)
     value = body.get("prompt") if endpoint == "completions" else body.get("input")
     if isinstance(value, list) and value and all(isinstance(v, int) for v in value):

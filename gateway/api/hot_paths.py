@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from gateway.api.anthropic_errors import anthropic_body, anthropic_headers, anthropic_status
 from gateway.caching.replay import DONE_EVENT
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.pipeline.runner import JsonReply, StreamReply
@@ -25,7 +26,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-HOT = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+HOT = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
+       "/v1/messages": "messages", "/v1/messages/count_tokens": "messages.count_tokens"}
+# Endpoints whose clients speak Anthropic's dialect, errors included.
+ANTHROPIC_ENDPOINTS = frozenset({"messages", "messages.count_tokens"})
 JSON = b"application/json"
 STREAM_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 log = logging.getLogger("gateway.api")
@@ -47,6 +51,7 @@ class HotPaths:
     async def __call__(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         services = self.services
         metrics = services.metrics
+        anthropic = endpoint in ANTHROPIC_ENDPOINTS
         metrics.serving += 1  # until the reply is sent to its end (a stream's last event)
         try:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
@@ -54,7 +59,7 @@ class HotPaths:
                 raw = await read_body(headers, receive, services.policies.current.policy.defaults.max_body_bytes)
             except GatewayError as exc:
                 exc.headers.setdefault("x-request-id", services.pipeline.parts.ids.next())
-                await send_error(send, exc)
+                await send_error(send, exc, anthropic=anthropic)
                 return
             except Disconnected:
                 return
@@ -62,28 +67,28 @@ class HotPaths:
             # in the admission queue, waiting for the upstream (which is then aborted), or
             # relaying its stream.
             async with HangUpWatch(receive) as watch:
-                await self._answer(endpoint, scope["path"], raw, headers, send)
+                await self._answer(endpoint, scope["path"], raw, headers, send, anthropic)
             if watch.fired():
                 log.debug("the client hung up on POST %s", scope["path"])
         finally:
             metrics.serving -= 1
 
-    async def _answer(self, endpoint: str, path: str, raw: bytes, headers: dict[str, str], send: Send) -> None:
+    async def _answer(self, endpoint: str, path: str, raw: bytes, headers: dict[str, str], send: Send, anthropic: bool) -> None:
         try:
             reply = await self.services.pipeline.run(endpoint, raw, headers)
         except GatewayError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, anthropic=anthropic)
             return
         except Exception:
             request_id = self.services.pipeline.parts.ids.next()
             log.exception("unhandled error on POST %s (request %s)", path, request_id)
             await send_error(send, GatewayError("the gateway hit an internal error; it has been logged",
-                                                headers={"x-request-id": request_id}))
+                                                headers={"x-request-id": request_id}), anthropic=anthropic)
             return
         if isinstance(reply, JsonReply):
             await send_whole(send, reply.status, reply.body, reply.headers)
         else:
-            await stream(reply, send)
+            await stream(reply, send, anthropic=anthropic)
 
 
 async def read_body(headers: dict[str, str], receive: Receive, limit: int) -> bytes:
@@ -117,12 +122,15 @@ async def send_whole(send: Send, status: int, body: bytes, headers: dict[str, st
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, error: GatewayError) -> None:
-    """`error` in OpenAI's shape, with its status and headers."""
+async def send_error(send: Send, error: GatewayError, *, anthropic: bool = False) -> None:
+    """`error` in OpenAI's shape (or `anthropic`'s, for the Messages API), with its status and headers."""
+    if anthropic:
+        await send_whole(send, anthropic_status(error), orjson.dumps(anthropic_body(error)), anthropic_headers(error))
+        return
     await send_whole(send, error.http_status, orjson.dumps(error.body()), error.response_headers())
 
 
-async def stream(reply: StreamReply, send: Send) -> None:
+async def stream(reply: StreamReply, send: Send, *, anthropic: bool = False) -> None:
     """Relay the reply's events as they come. The head waits for the first event, so an
     upstream that fails before it (an event over the gateway's bound, say) is still an
     error with its own status rather than a 200 that breaks off.
@@ -135,7 +143,7 @@ async def stream(reply: StreamReply, send: Send) -> None:
         try:
             first = await anext(chunks, b"")
         except GatewayError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, anthropic=anthropic)
             return
         await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
         last = b""  # the events ending in [DONE]: they go out with the body's end, in one write

@@ -66,7 +66,7 @@ class Attempt:
 @dataclass(slots=True)
 class RequestContext:
     request_id: str
-    endpoint: str  # chat.completions | completions | embeddings
+    endpoint: str  # chat.completions | completions | embeddings | messages | messages.count_tokens
     path: str  # upstream path, e.g. /chat/completions
     policy: RuntimePolicy  # the policy this request started with
     timeline: Timeline = field(default_factory=Timeline)
@@ -94,6 +94,7 @@ class RequestContext:
     finished: bool = False
     status: int = 200
     response_headers: dict[str, str] = field(default_factory=dict)
+    upstream_headers: dict[str, str] = field(default_factory=dict)  # the client's, passed on (anthropic-version)
 
     @property
     def final_attempt(self) -> Attempt | None:

@@ -13,6 +13,7 @@ import orjson
 
 from gateway.caching.replay import DONE_EVENT
 from gateway.errors import GatewayError, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
+from gateway.pipeline import anthropic_stream, messages
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.pipeline.usage_estimate import relayed_text
 from gateway.routing.resolved import ModelTarget
@@ -90,7 +91,8 @@ async def send_once(
     except (orjson.JSONDecodeError, ValueError):
         raise _fail(attempt, UpstreamError(f"upstream `{upstream.name}` sent a malformed response (not a JSON object)")) from None
     usage = body.get("usage")
-    attempt.usage = Usage.from_openai(usage) if isinstance(usage, dict) else None
+    if isinstance(usage, dict):
+        attempt.usage = messages.usage_of(usage) if ctx.endpoint == messages.MESSAGES else Usage.from_openai(usage)
     attempt.status = "ok"
     attempt.timeline.first_token = attempt.timeline.last_token = attempt.timeline.end
     return body, reply.body
@@ -120,10 +122,14 @@ async def _read_bounded(stream: UpstreamStream) -> bytes:
     return b"".join(parts)
 
 
-def error_event(message: str, code: str) -> bytes:
+def openai_error_event(message: str, code: str) -> bytes:
     # The openai SDK raises APIError on an event carrying `error`, so a cut stream is
     # noticed by the client instead of looking like a short answer.
     return b"data: " + orjson.dumps({"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}) + b"\n\n"
+
+
+def _anthropic_error_event(message: str, code: str) -> bytes:
+    return anthropic_stream.error_event(message, "timeout_error" if code == "upstream_timeout" else "api_error")
 
 
 async def relay_stream(
@@ -137,12 +143,19 @@ async def relay_stream(
     alone: Callable[[], bool],
     secrets: tuple[str, ...] = (),
 ) -> AsyncIterator[bytes]:
-    """Relay upstream events as they complete. `keep` collects them (up to a bound) and
+    """Relay upstream events as they complete (OpenAI's SSE chunks, or Anthropic's
+    events on the Messages API). `keep` collects them (up to a bound) and
     `before_done` runs once the answer is complete but before the client sees [DONE],
     so a cached copy exists by the time the client can ask again. `alone`: whether this
     is the only call in flight (see below)."""
-    relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage, max_event_bytes=stream.max_event_bytes,
-                     secrets=secrets)
+    relay: SseRelay | anthropic_stream.AnthropicEventRelay
+    if ctx.endpoint == messages.MESSAGES:
+        relay = anthropic_stream.AnthropicEventRelay(stream.max_event_bytes, secrets)
+        error_event = _anthropic_error_event
+    else:
+        relay = SseRelay(strip_usage_chunk=not ctx.client_wants_usage, max_event_bytes=stream.max_event_bytes,
+                         secrets=secrets)
+        error_event = openai_error_event
     timeline = attempt.timeline
     # What reached the client (bounded), so that a stream cut short is booked at what it produced.
     relayed: list[bytes] = []

@@ -63,6 +63,8 @@ def check_body(endpoint: str, body: dict[str, Any]) -> None:
         raise InvalidRequest("`model` is required and must be a non-empty string", param="model")
     if endpoint == "chat.completions":
         _check_messages(body.get("messages"))
+    elif endpoint in ("messages", "messages.count_tokens"):
+        _check_anthropic_messages(endpoint, body)
     elif endpoint == "completions":
         if not isinstance(body.get("prompt"), (str, list)):
             raise InvalidRequest("`prompt` is required: a string or a list", param="prompt")
@@ -92,6 +94,24 @@ def _check_messages(messages: Any) -> None:
                                  param=f"messages[{i}].tool_calls")
 
 
+def _check_anthropic_messages(endpoint: str, body: dict[str, Any]) -> None:
+    """What the gateway reads of a Messages request (Anthropic's field names in the
+    messages, so a client sees the error it would get from the API itself)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: a non-empty list is required", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"messages.{i}: an object with a string `role` is required", param=f"messages.{i}")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise InvalidRequest("system: a string or a list of content blocks is required", param="system")
+    max_tokens = body.get("max_tokens")
+    if endpoint == "messages" and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+        # Anthropic requires it, and it is the output bound the budget hold is for.
+        raise InvalidRequest("max_tokens: Field required (an integer)", param="max_tokens")
+
+
 def _is_tool_call(call: Any) -> bool:
     # The token count reads each call's function name and arguments.
     return isinstance(call, dict) and isinstance(call.get("function"), dict | None)
@@ -100,8 +120,10 @@ def _is_tool_call(call: Any) -> bool:
 def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoder: str | Encoder) -> int:
     """The prompt's tokens in a tiktoken encoding; its bound for any byte-level
     tokenizer is accounting/prompt_bound.py's."""
-    if endpoint == "chat.completions":
+    if endpoint in ("chat.completions", "messages", "messages.count_tokens"):
         tokens = count_chat_tokens(body.get("messages"), encoder)
+        if isinstance(body.get("system"), str | list):  # Anthropic's system prompt, outside the messages
+            tokens += count_text_tokens(orjson.dumps(body["system"]).decode(), encoder)
         tools = body.get("tools")
         if tools:
             tokens += count_text_tokens(orjson.dumps(tools).decode(), encoder)

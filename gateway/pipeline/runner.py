@@ -23,7 +23,7 @@ from gateway.caching.salts import TenantSalts
 from gateway.caching.steering import steer
 from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest
-from gateway.pipeline import forward
+from gateway.pipeline import forward, messages
 from gateway.pipeline.context import Attempt, RequestContext
 from gateway.pipeline.escalation import checks_for, run_chain
 from gateway.pipeline.observe import record_request
@@ -36,14 +36,16 @@ from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest, RuntimePolicy
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
-from gateway.upstreams.base import UpstreamStream
+from gateway.upstreams.base import Upstream, UpstreamStream
 from gateway.upstreams.registry import UpstreamRegistry
+from gateway.upstreams.translate import error_from_reply
 from gateway.verify.signals import Verifier
 
 log = logging.getLogger("gateway.request")
 T = TypeVar("T")
 
-UPSTREAM_PATHS = {"chat.completions": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings"}
+UPSTREAM_PATHS = {"chat.completions": "/chat/completions", "completions": "/completions", "embeddings": "/embeddings",
+                  messages.MESSAGES: "/messages", messages.COUNT_TOKENS: "/messages/count_tokens"}
 
 
 @dataclass(slots=True)
@@ -92,6 +94,8 @@ class Pipeline:
         try:
             self.authenticate(ctx, headers, ctx.policy)
             await self.parse_and_estimate(ctx, raw_body, headers)
+            if endpoint == messages.COUNT_TOKENS:
+                return await self.count_tokens(ctx)
             task = await self.accounting.task_for(ctx)
             # A cached answer spends nothing upstream, so it needs neither capacity nor a hold.
             cached = await self.serve_from_cache(ctx, headers.get("cache-control", ""))
@@ -120,14 +124,18 @@ class Pipeline:
     # -- stages, in order -------------------------------------------------------------
 
     def authenticate(self, ctx: RequestContext, headers: Mapping[str, str], policy: RuntimePolicy) -> None:
-        owner = self.identify(headers, policy)
+        owner = self.identify(headers, policy, x_api_key=ctx.endpoint in messages.ENDPOINTS)
         ctx.tenant, ctx.key_id = owner.tenant, owner.key_id
 
-    def identify(self, headers: Mapping[str, str], policy: RuntimePolicy | None = None) -> KeyOwner:
+    def identify(self, headers: Mapping[str, str], policy: RuntimePolicy | None = None, *, x_api_key: bool = False) -> KeyOwner:
+        """`x_api_key`: the key may come in `x-api-key` too, as Anthropic's clients send it."""
         auth = headers.get("authorization", "")
         scheme, _, key = auth.partition(" ")
+        if x_api_key and not auth:
+            scheme, key = "bearer", headers.get("x-api-key", "")
         if scheme.lower() != "bearer" or not key.strip():
-            raise AuthenticationFailed("Missing API key: send `Authorization: Bearer <key>`")
+            how = "`x-api-key: <key>` or " if x_api_key else ""
+            raise AuthenticationFailed(f"Missing API key: send {how}`Authorization: Bearer <key>`")
         owner = (policy or self.policies.current).keys.lookup(key.strip())
         if owner is None:
             raise AuthenticationFailed("Incorrect API key provided")
@@ -149,8 +157,8 @@ class Pipeline:
         named = policy.targets.get(ctx.requested_model)
         ctx.prompt = PromptSize(ctx.endpoint, body, named.tokenizer if named else policy.policy.defaults.tokenizer, self.parts.tokenizers)
         if ctx.endpoint == "chat.completions":  # statistics only: off the request's path (pipeline/backlog.py)
-            messages = body["messages"]
-            self.accounting.backlog.add(lambda: self.watch_prefix(ctx, messages))
+            chat = body["messages"]
+            self.accounting.backlog.add(lambda: self.watch_prefix(ctx, chat))
         ctx.route, ctx.targets = policy.candidates(
             ctx.requested_model,
             RouteRequest(
@@ -161,6 +169,9 @@ class Pipeline:
                 prompt_tokens=await ctx.prompt.count() if policy.routes_on_prompt_size(ctx.requested_model) else ctx.prompt.bound,
             ),
         )
+        if ctx.endpoint in messages.ENDPOINTS:
+            ctx.targets = messages.native_targets(ctx.requested_model, ctx.targets)
+            ctx.upstream_headers = messages.passed_headers(headers)
         ctx.max_output_tokens = output_bound(ctx.endpoint, body, ctx.targets[0].max_output_tokens)
 
     def watch_prefix(self, ctx: RequestContext, messages: list[Any]) -> None:
@@ -172,6 +183,8 @@ class Pipeline:
             self.parts.metrics.volatile_prefix.labels(ctx.tenant, span.kind).inc()
 
     async def serve_from_cache(self, ctx: RequestContext, cache_control: str) -> JsonReply | StreamReply | None:
+        if ctx.endpoint in messages.ENDPOINTS:
+            return None  # Anthropic's own prompt caching applies; replays are for OpenAI's shapes
         cache = self.parts.cache
         ctx.cache = cache.plan(ctx.endpoint, ctx.tenant, ctx.targets[0], ctx.body, ctx.policy, cache_control)
         answer = await cache.lookup(ctx.cache)
@@ -189,6 +202,8 @@ class Pipeline:
 
     def prepare_upstream_body(self, ctx: RequestContext, target: ModelTarget) -> bytes:
         """Patch only what must change; every other client field passes through."""
+        if ctx.endpoint in messages.ENDPOINTS:
+            return messages.upstream_body(ctx.body, target)
         body = dict(ctx.body)
         body["model"] = target.upstream_model
         if ctx.endpoint != "embeddings" and not (body.get("max_completion_tokens") or body.get("max_tokens")):
@@ -223,11 +238,30 @@ class Pipeline:
             return await send(target, self.prepare_upstream_body(ctx, target))
 
         targets = self.failover_targets(policy, first or ctx.targets[0])
+        if ctx.endpoint in messages.ENDPOINTS:  # a Messages body goes only where the Messages API is spoken
+            targets = messages.native_targets(ctx.requested_model, targets)
         return await self.parts.retrier.call(ctx, targets, policy.policy.defaults.retry, covered)
+
+    def upstream_for(self, ctx: RequestContext, target: ModelTarget) -> Upstream:
+        upstream = self.parts.upstreams.get(target.upstream)
+        return upstream.with_headers(ctx.upstream_headers) if ctx.upstream_headers else upstream
+
+    async def count_tokens(self, ctx: RequestContext) -> JsonReply:
+        """Anthropic's token count, asked of the model's upstream: nothing is generated
+        and nothing billed, so no admission, hold or booking - auth and the model's
+        access apply as for a call."""
+        target = ctx.targets[0]
+        upstream = self.upstream_for(ctx, target)
+        reply = await upstream.send(ctx.path, self.prepare_upstream_body(ctx, target), forward.remaining_s(ctx))
+        if reply.status != 200:
+            raise error_from_reply(upstream.name, reply.status, reply.headers, reply.body, upstream.secrets)
+        await self.finish(ctx, 200)  # counted as a request; with no attempt, nothing is booked
+        return JsonReply(200, reply.body, {"x-request-id": ctx.request_id, "x-gateway-model": target.name,
+                                           "x-gateway-upstream": target.upstream})
 
     async def call(self, ctx: RequestContext) -> JsonReply:
         async def send(target: ModelTarget, payload: bytes) -> tuple[dict[str, Any], bytes]:
-            return await forward.send_once(ctx, self.parts.upstreams.get(target.upstream), target, payload)
+            return await forward.send_once(ctx, self.upstream_for(ctx, target), target, payload)
 
         body, raw = await self.attempt(ctx, send)
         await self.finish(ctx, 200)
@@ -274,7 +308,7 @@ class Pipeline:
 
     async def call_streaming(self, ctx: RequestContext) -> StreamReply:
         async def send(target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:
-            return await forward.open_stream(ctx, self.parts.upstreams.get(target.upstream), target, payload)
+            return await forward.open_stream(ctx, self.upstream_for(ctx, target), target, payload)
 
         attempt, stream = await self.attempt(ctx, send)
         secrets = self.parts.upstreams.get(attempt.target.upstream).secrets

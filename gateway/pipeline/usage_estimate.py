@@ -17,16 +17,20 @@ from gateway.pipeline.prompt_size import PromptSize
 
 def relayed_text(events: Iterable[bytes]) -> str:
     """The generated text in relayed SSE events: content, reasoning, tool-call
-    arguments (chat) and text (completions)."""
+    arguments (chat), text (completions), and Anthropic's content block deltas."""
     parts: list[str] = []
     for event in b"".join(events).split(b"\n\n"):
-        if not event.startswith(b"data:") or event.startswith(b"data: [DONE]"):
+        at = event.find(b"data:")  # Anthropic's events open with an `event:` line
+        if at < 0 or event.startswith(b"data: [DONE]"):
             continue
         try:
-            payload = orjson.loads(event[5:])
+            payload = orjson.loads(event[at + 5 :])
         except orjson.JSONDecodeError:
             continue
         if isinstance(payload, dict):
+            if payload.get("type") == "content_block_delta" and isinstance(payload.get("delta"), dict):
+                delta = payload["delta"]
+                parts.extend(delta[k] for k in ("text", "thinking", "partial_json") if isinstance(delta.get(k), str))
             for choice in payload.get("choices") or ():
                 if isinstance(choice, dict):
                     parts.extend(_choice_text(choice))

@@ -3,13 +3,17 @@
 It goes out on the same aiohttp session, bounds and deadlines as every HTTP upstream
 (upstreams/http.py); what differs is the address (`{base_url}/v1/messages`, base_url
 as in the anthropic SDK), the credentials (`x-api-key` from `api_key_env`, and
-`anthropic-version`) and the dialect, translated in upstreams/anthropic_translate.py.
-Streaming through this adapter is not built yet: a streamed call is refused (400)."""
+`anthropic-version`) and the dialect: OpenAI chat calls are translated in
+upstreams/anthropic_translate.py (not streamed yet: a streamed chat call is refused,
+400), while the Messages API's own paths (`/messages`, `/messages/count_tokens`, which
+clients reach through the gateway's `/v1/messages`) pass through as they are,
+streamed or not."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 
 import orjson
 
@@ -17,10 +21,12 @@ from gateway.errors import InvalidRequest
 from gateway.routing.policy import Upstream as UpstreamConfig
 from gateway.upstreams.anthropic_translate import chat_to_messages, error_to_openai, message_to_chat
 from gateway.upstreams.base import UpstreamReply
-from gateway.upstreams.http import HttpUpstream, _Stream
+from gateway.upstreams.http import HttpStream, HttpUpstream
 
 ANTHROPIC_VERSION = "2023-06-01"
 MESSAGES_PATH = "/v1/messages"
+# The gateway's own paths for the Messages API, passed through untranslated.
+NATIVE_PATHS = ("/messages", "/messages/count_tokens")
 
 
 class AnthropicUpstream(HttpUpstream):
@@ -32,7 +38,9 @@ class AnthropicUpstream(HttpUpstream):
         if key:
             self._headers["x-api-key"] = key
 
-    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
+    async def send(self, path: str, body: bytes, timeout_s: float, headers: Mapping[str, str] | None = None) -> UpstreamReply:
+        if path in NATIVE_PATHS:
+            return _with_request_id(await super().send("/v1" + path, body, timeout_s, headers))
         if path != "/chat/completions":
             raise InvalidRequest(f"upstream `{self.name}` (kind: anthropic) serves chat completions only")
         request = orjson.loads(body)
@@ -50,5 +58,16 @@ class AnthropicUpstream(HttpUpstream):
         headers = {**reply.headers, "x-request-id": reply.headers.get("request-id", "")}
         return UpstreamReply(200, headers, orjson.dumps(message_to_chat(message, int(time.time()))), reply.replica)
 
-    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> _Stream:
+    async def open_stream(self, path: str, body: bytes, timeout_s: float,
+                          headers: Mapping[str, str] | None = None) -> HttpStream:
+        if path in NATIVE_PATHS:
+            stream = await super().open_stream("/v1" + path, body, timeout_s, headers)
+            stream.headers.setdefault("x-request-id", stream.headers.get("request-id", ""))
+            return stream
         raise InvalidRequest(f"streaming is not supported yet for upstream `{self.name}` (kind: anthropic); send stream: false")
+
+
+def _with_request_id(reply: UpstreamReply) -> UpstreamReply:
+    """Anthropic names its request id `request-id`; the ledger reads `x-request-id`."""
+    reply.headers.setdefault("x-request-id", reply.headers.get("request-id", ""))
+    return reply

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -40,7 +40,7 @@ def _headers(response: aiohttp.ClientResponse) -> dict[str, str]:
 
 
 @dataclass(slots=True)
-class _Stream:
+class HttpStream:
     status: int
     headers: dict[str, str]
     replica: str
@@ -123,13 +123,18 @@ class HttpUpstream:
             return UpstreamError(f"upstream `{self.name}` could not be reached: {type(exc).__name__}")
         return UpstreamError(f"upstream `{self.name}` failed: {type(exc).__name__}")
 
-    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
+    def with_headers(self, headers: Mapping[str, str]) -> WithHeaders:
+        """This upstream, sending `headers` too on each request (a client's protocol
+        version, say), over the same pool."""
+        return WithHeaders(self, dict(headers))
+
+    async def send(self, path: str, body: bytes, timeout_s: float, headers: Mapping[str, str] | None = None) -> UpstreamReply:
         replica = self._pick()
         replica.in_flight += 1
         seconds = min(timeout_s, self.config.timeout_s)
         max_bytes = self.config.max_response_bytes
         try:
-            async with self._client().post(replica.url + path, data=body, proxy=replica.proxy,
+            async with self._client().post(replica.url + path, data=body, proxy=replica.proxy, headers=headers,
                                            timeout=aiohttp.ClientTimeout(total=seconds)) as response:
                 raw = await read_bounded(response, max_bytes, lambda: self._too_large(max_bytes))
                 return UpstreamReply(response.status, _headers(response), raw, replica.url)
@@ -143,7 +148,8 @@ class HttpUpstream:
     def _too_large(self, limit: int) -> UpstreamReplyTooLarge:
         return UpstreamReplyTooLarge(f"upstream `{self.name}` sent an answer over the gateway's bound of {limit} bytes")
 
-    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> _Stream:
+    async def open_stream(self, path: str, body: bytes, timeout_s: float,
+                          headers: Mapping[str, str] | None = None) -> HttpStream:
         replica = self._pick()
         replica.in_flight += 1
         loop = asyncio.get_running_loop()
@@ -152,7 +158,8 @@ class HttpUpstream:
         # each gap between reads.
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_read=self.config.timeout_s)
         try:
-            response = await self._client().post(replica.url + path, data=body, proxy=replica.proxy, timeout=timeout)
+            response = await self._client().post(replica.url + path, data=body, proxy=replica.proxy, headers=headers,
+                                                 timeout=timeout)
         except BaseException as exc:
             replica.in_flight -= 1
             if isinstance(exc, TimeoutError):
@@ -160,9 +167,27 @@ class HttpUpstream:
             if isinstance(exc, aiohttp.ClientError):
                 raise self._failed(exc) from exc
             raise
-        return _Stream(response.status, _headers(response), replica.url, response, deadline, self.config.max_event_bytes, replica)
+        return HttpStream(response.status, _headers(response), replica.url, response, deadline, self.config.max_event_bytes, replica)
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class WithHeaders:
+    """An `Upstream` that is an HttpUpstream plus request headers of the caller's."""
+
+    def __init__(self, upstream: HttpUpstream, headers: dict[str, str]) -> None:
+        self.upstream = upstream
+        self.headers = headers
+        self.name, self.kind, self.secrets = upstream.name, upstream.kind, upstream.secrets
+
+    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
+        return await self.upstream.send(path, body, timeout_s, self.headers)
+
+    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> HttpStream:
+        return await self.upstream.open_stream(path, body, timeout_s, self.headers)
+
+    async def aclose(self) -> None:
+        """The pool is the upstream's: closing a view of it closes nothing."""

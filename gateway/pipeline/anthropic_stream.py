@@ -1,0 +1,98 @@
+"""Anthropic's streamed Messages events, relayed as they complete and untouched, while
+noting what the books need: the input and cache usage from `message_start`, the output
+from `message_delta`, the end at `message_stop`, and an `error` event (its message
+scrubbed of credentials and addresses, as every relayed upstream message is).
+
+The same surface as upstreams/sse.py's SseRelay, which pipeline/forward.py drives:
+`feed`, `done`, `error`, `usage` (in OpenAI's shape, as the books read it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.errors import UpstreamReplyTooLarge
+from gateway.upstreams.anthropic_translate import usage_to_openai
+from gateway.upstreams.redaction import redact
+from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES
+
+# Only these events carry what the books need; deltas and pings pass as bytes.
+WATCHED = (b"message_start", b"message_delta", b"message_stop", b"error")
+
+
+class AnthropicEventRelay:
+    __slots__ = ("_buffer", "_start_usage", "done", "error", "events", "max_event_bytes", "secrets", "usage")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, secrets: tuple[str, ...] = ()) -> None:
+        self.max_event_bytes = max_event_bytes
+        self.secrets = secrets
+        self.usage: dict[str, Any] | None = None  # set once `message_delta` gives the output
+        self.done = False
+        self.error: dict[str, Any] | None = None
+        self.events = 0
+        self._start_usage: dict[str, Any] = {}
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events in `chunk` (plus what was buffered), to forward now."""
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        data = self._buffer + chunk if self._buffer else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._buffer = self._bounded(data)
+            return b""
+        self._buffer = self._bounded(data[end + 2 :])
+        complete = data[: end + 2]
+        if not any(name in complete for name in WATCHED):
+            self.events += complete.count(b"\n\n")
+            return complete
+        return b"".join(self._inspect(e) for e in complete.split(b"\n\n") if e)
+
+    def _inspect(self, event: bytes) -> bytes:
+        self.events += 1
+        payload = _data(event)
+        kind = payload.get("type") if payload is not None else None
+        if payload is None or kind not in ("message_start", "message_delta", "message_stop", "error"):
+            return event + b"\n\n"
+        if kind == "message_start":
+            message = payload.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            self._start_usage = usage if isinstance(usage, dict) else {}
+        elif kind == "message_delta":
+            delta_usage = payload.get("usage")
+            if isinstance(delta_usage, dict):
+                # The delta's counts are cumulative: they win over the start's (output above all).
+                self.usage = usage_to_openai({**self._start_usage, **{k: v for k, v in delta_usage.items() if v is not None}})
+        elif kind == "message_stop":
+            self.done = True
+        else:
+            found = payload.get("error")
+            error: dict[str, Any] = found if isinstance(found, dict) else {"message": str(found)}
+            error["message"] = redact(str(error.get("message", "")), self.secrets)
+            self.error = payload["error"] = error
+            return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+        return event + b"\n\n"
+
+    def _bounded(self, unfinished: bytes) -> bytes:
+        if len(unfinished) > self.max_event_bytes:
+            raise UpstreamReplyTooLarge(f"the upstream sent a streamed event over the gateway's bound of {self.max_event_bytes} bytes")
+        return unfinished
+
+
+def _data(event: bytes) -> dict[str, Any] | None:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                payload = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return None
+            return payload if isinstance(payload, dict) else None
+    return None
+
+
+def error_event(message: str, kind: str = "api_error") -> bytes:
+    """An `error` event as Anthropic sends one mid-stream: the anthropic SDK raises on
+    it, so a cut stream is noticed instead of looking like a short answer."""
+    return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": {"type": kind, "message": message}}) + b"\n\n"
