@@ -25,7 +25,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `bench` and `gateway` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import httpx
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import placement, procs
 from bench.gwstack import install_signal_handlers, workspace
@@ -161,6 +163,13 @@ class Stack:
     def memory(self) -> dict[str, int]:
         return {"rss_kib": procs.memory_kib(self.gateway.pid), "hwm_kib": procs.memory_kib(self.gateway.pid, "VmHWM")}
 
+    def ledger_counts(self) -> tuple[float, float]:
+        """(commits, operations) of the gateway's ledger writer, from its /metrics."""
+        text = httpx.get(f"http://127.0.0.1:{self.gateway_port}/metrics", timeout=10).text
+        found = {family.name: family.samples[0].value for family in text_string_to_metric_families(text)
+                 if family.name in ("gateway_ledger_commits", "gateway_ledger_operations")}
+        return found.get("gateway_ledger_commits", math.nan), found.get("gateway_ledger_operations", math.nan)
+
     def cpu(self) -> CpuTimes:
         busy = procs.cpu_busy_seconds(self.place.gateway_cpu) if self.place else math.nan
         return CpuTimes(procs.cpu_seconds(self.gateway.pid), procs.cpu_seconds(self.gateway.pid, main_threads=True),
@@ -212,15 +221,26 @@ async def measure(stack: Stack, target: Target, concurrency: int) -> dict[str, A
         if args.warmup > 0:
             await closed_loop(client, target, concurrency, args.warmup, args.max_requests)
         await asyncio.sleep(SETTLE_S)
-        start = stack.cpu()
+        start, ledger_before = stack.cpu(), stack.ledger_counts()
         samples = await closed_loop(client, target, concurrency, args.duration, args.max_requests)
         end = stack.cpu()
         await asyncio.sleep(SETTLE_S)
-        settled = stack.cpu()
+        settled, ledger_after = stack.cpu(), stack.ledger_counts()
     finally:
         await client.aclose()
     row: dict[str, Any] = {"target": target.name, "mode": "stream" if target.stream else "non-stream", "concurrency": concurrency}
-    return row | summarize(samples) | cpu_figures(target, samples, start, end, settled)
+    return row | summarize(samples) | cpu_figures(target, samples, start, end, settled) | ledger_figures(
+        target, samples, ledger_before, ledger_after)
+
+
+def ledger_figures(target: Target, samples: RunSamples, before: tuple[float, float], after: tuple[float, float]) -> dict[str, Any]:
+    """The gateway's ledger commits per second of load, and the operations (holds,
+    settlements) each carried: every call commits its hold before it is sent."""
+    if target.name != "gateway":
+        return {}
+    commits, operations = after[0] - before[0], after[1] - before[1]
+    return {"ledger_commits_per_s": round(commits / samples.elapsed_s, 1),
+            "ledger_ops_per_commit": round(operations / commits, 2) if commits else math.nan}
 
 
 async def run_matrix(stack: Stack) -> list[dict[str, Any]]:
@@ -243,7 +263,8 @@ def overhead_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         direct = by_key.get(("direct", mode, concurrency))
         if target == "gateway" and direct is not None:
             entry = {"mode": mode, "concurrency": concurrency, **added_latency(direct, gateway)}
-            result.append(entry | {"gateway_cpu_ms_per_req": gateway.get("gateway_cpu_ms_per_req")})
+            result.append(entry | {key: gateway.get(key) for key in
+                                   ("gateway_cpu_ms_per_req", "ledger_commits_per_s", "ledger_ops_per_commit")})
     return result
 
 

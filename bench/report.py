@@ -105,7 +105,8 @@ RUN_COLUMNS = [
 OVERHEAD_COLUMNS = [
     ("mode", "mode"), ("conc", "concurrency"), ("added p50 ms", "added_p50_ms"), ("added p99 ms", "added_p99_ms"),
     ("added TTFT p50 ms", "added_ttft_p50_ms"), ("throughput gw/direct", "throughput_ratio"),
-    ("gw CPU ms/req", "gateway_cpu_ms_per_req"),
+    ("gw CPU ms/req", "gateway_cpu_ms_per_req"), ("ledger commits/s", "ledger_commits_per_s"),
+    ("ledger ops/commit", "ledger_ops_per_commit"),
 ]
 
 
