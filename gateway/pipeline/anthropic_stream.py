@@ -12,39 +12,31 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import UpstreamReplyTooLarge
 from gateway.upstreams.anthropic_translate import usage_to_openai
 from gateway.upstreams.redaction import redact
-from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES
+from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, EventBuffer
 
 # Only these events carry what the books need; deltas and pings pass as bytes.
 WATCHED = (b"message_start", b"message_delta", b"message_stop", b"error")
 
 
 class AnthropicEventRelay:
-    __slots__ = ("_buffer", "_start_usage", "done", "error", "events", "max_event_bytes", "secrets", "usage")
+    __slots__ = ("_events", "_start_usage", "done", "error", "events", "secrets", "usage")
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, secrets: tuple[str, ...] = ()) -> None:
-        self.max_event_bytes = max_event_bytes
+        self._events = EventBuffer(max_event_bytes)
         self.secrets = secrets
         self.usage: dict[str, Any] | None = None  # set once `message_delta` gives the output
         self.done = False
         self.error: dict[str, Any] | None = None
         self.events = 0
         self._start_usage: dict[str, Any] = {}
-        self._buffer = b""
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events in `chunk` (plus what was buffered), to forward now."""
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
-        data = self._buffer + chunk if self._buffer else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._buffer = self._bounded(data)
+        complete = self._events.complete(chunk)
+        if not complete:
             return b""
-        self._buffer = self._bounded(data[end + 2 :])
-        complete = data[: end + 2]
         if not any(name in complete for name in WATCHED):
             self.events += complete.count(b"\n\n")
             return complete
@@ -74,11 +66,6 @@ class AnthropicEventRelay:
             self.error = payload["error"] = error
             return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
         return event + b"\n\n"
-
-    def _bounded(self, unfinished: bytes) -> bytes:
-        if len(unfinished) > self.max_event_bytes:
-            raise UpstreamReplyTooLarge(f"the upstream sent a streamed event over the gateway's bound of {self.max_event_bytes} bytes")
-        return unfinished
 
 
 def _data(event: bytes) -> dict[str, Any] | None:

@@ -20,14 +20,41 @@ TAIL_EVENTS = 3
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 
 
+class EventBuffer:
+    """Cuts a byte stream into complete server-sent events, keeping the unfinished rest,
+    which may not grow past `max_event_bytes`."""
+
+    __slots__ = ("_buffer", "max_event_bytes")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        self.max_event_bytes = max_event_bytes
+        self._buffer = b""
+
+    def complete(self, chunk: bytes) -> bytes:
+        """The events `chunk` completes (with what was buffered), each ending in a blank line."""
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        data = self._buffer + chunk if self._buffer else chunk
+        end = data.rfind(b"\n\n")
+        self._buffer = self._bounded(data if end < 0 else data[end + 2 :])
+        return b"" if end < 0 else data[: end + 2]
+
+    def _bounded(self, unfinished: bytes) -> bytes:
+        if len(unfinished) > self.max_event_bytes:
+            raise UpstreamReplyTooLarge(f"the upstream sent a streamed event over the gateway's bound of {self.max_event_bytes} bytes")
+        return unfinished
+
+    def leftover(self) -> bytes:
+        return self._buffer
+
+
 class SseRelay:
-    __slots__ = ("_buffer", "done", "error", "events", "finish_reason", "max_event_bytes", "model", "secrets",
-                 "strip_usage_chunk", "usage")
+    __slots__ = ("_events", "done", "error", "events", "finish_reason", "model", "secrets", "strip_usage_chunk", "usage")
 
     def __init__(self, strip_usage_chunk: bool, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
                  secrets: tuple[str, ...] = ()) -> None:
         self.strip_usage_chunk = strip_usage_chunk
-        self.max_event_bytes = max_event_bytes
+        self._events = EventBuffer(max_event_bytes)
         self.secrets = secrets  # scrubbed, with URLs and hosts, from an error event's message
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
@@ -35,19 +62,12 @@ class SseRelay:
         self.done = False
         self.events = 0
         self.error: dict[str, Any] | None = None
-        self._buffer = b""
 
     def feed(self, chunk: bytes) -> bytes:
         """Return the complete events in `chunk` (plus what was buffered) to forward now."""
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
-        data = self._buffer + chunk if self._buffer else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._buffer = self._bounded(data)
+        complete = self._events.complete(chunk)
+        if not complete:
             return b""
-        self._buffer = self._bounded(data[end + 2 :])
-        complete = data[: end + 2]
         if _plain_content(complete):
             cut = len(complete)
         else:
@@ -92,13 +112,8 @@ class SseRelay:
                 return b""
         return event + b"\n\n"
 
-    def _bounded(self, unfinished: bytes) -> bytes:
-        if len(unfinished) > self.max_event_bytes:
-            raise UpstreamReplyTooLarge(f"the upstream sent a streamed event over the gateway's bound of {self.max_event_bytes} bytes")
-        return unfinished
-
     def leftover(self) -> bytes:
-        return self._buffer
+        return self._events.leftover()
 
 
 def _tail_start(events: bytes, count: int) -> int:
