@@ -39,7 +39,10 @@ def test_text_answer_with_usage_cost_and_instructions(stack: Stack) -> None:
     assert reply.usage is not None and reply.usage.input_tokens > 0 and reply.usage.output_tokens > 0
     assert reply.usage.total_tokens == reply.usage.input_tokens + reply.usage.output_tokens
     assert reply.usage.input_tokens_details.cached_tokens >= 0
-    assert Decimal(raw.headers["x-gateway-cost-usd"]) > 0
+    usage, cached = reply.usage, reply.usage.input_tokens_details.cached_tokens
+    expected = (Decimal(usage.input_tokens - cached) * Decimal("0.15") + Decimal(cached) * Decimal("0.075")
+                + Decimal(usage.output_tokens) * Decimal("0.60")) / 1_000_000
+    assert Decimal(raw.headers["x-gateway-cost-usd"]) == expected  # the chat prices, to the last digit
     assert raw.headers["x-gateway-model"] == "gpt-4o-mini"
     assert upstream_messages(stack) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
 
