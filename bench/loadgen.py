@@ -54,8 +54,13 @@ class StreamCheck:
         self._buffer = b""
         self._tail = b""
         self.first_content_at: float | None = None
+        self._completed = False
 
     def feed(self, chunk: bytes) -> None:
+        # A Responses-API stream ends with `response.completed` (or `.incomplete`, at the
+        # output bound), not [DONE].
+        seen = self._tail + chunk
+        self._completed = self._completed or b"event: response.completed" in seen or b"event: response.incomplete" in seen
         self._tail = (self._tail + chunk)[-64:]
         if self.first_content_at is not None:
             return
@@ -69,7 +74,7 @@ class StreamCheck:
 
     @property
     def done(self) -> bool:
-        return b"data: [DONE]" in self._tail
+        return self._completed or b"data: [DONE]" in self._tail
 
 
 def _has_content(event: bytes) -> bool:
@@ -80,9 +85,12 @@ def _has_content(event: bytes) -> bool:
         if data == b"[DONE]":
             return False
         try:
-            choices = orjson.loads(data).get("choices") or []
+            payload = orjson.loads(data)
+            choices = payload.get("choices") or []
         except (orjson.JSONDecodeError, AttributeError):
             return False
+        if payload.get("type") == "response.output_text.delta" and payload.get("delta"):
+            return True
         if choices and (choices[0].get("delta") or {}).get("content"):
             return True
     return False

@@ -43,13 +43,14 @@ from bench.report import (
     write_json,
 )
 from bench.stats import RunSamples, added_latency, summarize
-from bench.workload import MAX_TOKENS, chat_body, prompt_tokens
+from bench.workload import MAX_TOKENS, chat_body, prompt_tokens, responses_body
 from gateway.auth.keys import key_digest, new_api_key
 
 READY_TIMEOUT_S = 60.0
 SETTLE_S = 0.3  # lets the ledger writer finish a run's settlements before CPU is read
 SIM_KEY = "sk-sim-bench"
 CHAT_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
 POLICY = """\
 version: 1
 upstreams:
@@ -103,6 +104,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis-url", help="gateway REDIS_URL: shared buckets and caches, as replicas run (default: in-process)")
     parser.add_argument("--no-budget", action="store_true",
                         help="tenant without a budget: no durable hold per call (shows what the hold's commit costs)")
+    parser.add_argument("--responses", action="store_true",
+                        help="also the same call through POST /v1/responses (translated to chat, stored), in the same run")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.concurrency = 3.0, 0.5, "1,16"
@@ -158,6 +161,8 @@ class Stack:
 
     def target(self, name: str, stream: bool) -> Target:
         port, key = (self.sim_port, SIM_KEY) if name == "direct" else (self.gateway_port, self.api_key)
+        if name == "responses":
+            return Target(name, port, RESPONSES_PATH, key, stream, responses_body(stream))
         return Target(name, port, CHAT_PATH, key, stream, chat_body(stream))
 
     def memory(self) -> dict[str, int]:
@@ -204,7 +209,7 @@ def cpu_figures(target: Target, samples: RunSamples, start: CpuTimes, end: CpuTi
         round(min(100.0, max(0.0, end.gateway_core_busy - start.gateway_core_busy - gateway_s) * 100 / elapsed), 1),
         "loadavg_1m": os.getloadavg()[0],
     }
-    if target.name == "gateway":
+    if target.name != "direct":
         figures["gateway_cpu_ms_per_req"] = round((settled.gateway - start.gateway) * 1000 / done, 3)
         loop_s = settled.gateway_loop - start.gateway_loop
         figures["gateway_loop_cpu_ms_per_req"] = round(loop_s * 1000 / done, 3)
@@ -236,7 +241,7 @@ async def measure(stack: Stack, target: Target, concurrency: int) -> dict[str, A
 def ledger_figures(target: Target, samples: RunSamples, before: tuple[float, float], after: tuple[float, float]) -> dict[str, Any]:
     """The gateway's ledger commits per second of load, and the operations (holds,
     settlements) each carried: every call commits its hold before it is sent."""
-    if target.name != "gateway":
+    if target.name == "direct":
         return {}
     commits, operations = after[0] - before[0], after[1] - before[1]
     return {"ledger_commits_per_s": round(commits / samples.elapsed_s, 1),
@@ -248,7 +253,7 @@ async def run_matrix(stack: Stack) -> list[dict[str, Any]]:
     rows = []
     for mode in stack.args.modes:
         for concurrency in stack.args.concurrency:
-            for name in ("direct", "gateway"):
+            for name in ("direct", "gateway", *(["responses"] if stack.args.responses else [])):
                 row = await measure(stack, stack.target(name, mode == "stream"), concurrency)
                 print(f"  {name:8s} {mode:10s} c={concurrency:<3d} {row['rps']:9.1f} req/s  p50 {row['p50_ms']:8.2f} ms"
                       f"  p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}", file=sys.stderr, flush=True)
@@ -261,8 +266,9 @@ def overhead_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     result = []
     for (target, mode, concurrency), gateway in by_key.items():
         direct = by_key.get(("direct", mode, concurrency))
-        if target == "gateway" and direct is not None:
-            entry = {"mode": mode, "concurrency": concurrency, **added_latency(direct, gateway)}
+        if target != "direct" and direct is not None:
+            shown = mode if target == "gateway" else f"{mode} via /v1/responses"
+            entry = {"mode": shown, "concurrency": concurrency, **added_latency(direct, gateway)}
             result.append(entry | {key: gateway.get(key) for key in
                                    ("gateway_cpu_ms_per_req", "ledger_commits_per_s", "ledger_ops_per_commit")})
     return result

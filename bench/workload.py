@@ -47,6 +47,13 @@ def chat_body(stream: bool, words: int = PROMPT_WORDS) -> bytes:
     return orjson.dumps(body)
 
 
+def responses_body(stream: bool, words: int = PROMPT_WORDS) -> bytes:
+    """The same request as `chat_body`, asked of the Responses API (stored, its default)."""
+    return orjson.dumps({"model": MODEL, "instructions": "You are a terse assistant.",
+                         "input": "Summarize this text in one line.\n\n" + prompt_text(words),
+                         "max_output_tokens": MAX_TOKENS, "stream": stream})
+
+
 def prompt_tokens() -> int:
     """The gateway's own estimate of the prompt (o200k_base plus chat framing)."""
     from gateway.accounting.tokens import count_chat_tokens

@@ -20,6 +20,7 @@ from gateway.accounting.books import Accounting
 from gateway.accounting.database import maintain_indexes, make_engine, migrate
 from gateway.accounting.ledger import Ledger
 from gateway.accounting.prices import PriceCatalog
+from gateway.accounting.responses_store import ResponseStore
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskStore
 from gateway.accounting.tokens import Tokenizers
@@ -32,6 +33,7 @@ from gateway.caching.salts import TenantSalts, load_or_create_secret
 from gateway.caching.store import CacheStore, MemoryStore, TolerantStore
 from gateway.caching.tool_cache import ToolCache
 from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
+from gateway.pipeline.responses import ResponsesService
 from gateway.pipeline.retry import Retrier
 from gateway.pipeline.runner import Pipeline, PipelineParts
 from gateway.pipeline.tool_calls import ToolRunner
@@ -62,6 +64,7 @@ class Services:
     writer: GroupCommitWriter
     reader: Engine
     tools: ToolRunner
+    responses: ResponsesService
     redis: Redis | None = None
     started_at: float = field(default_factory=time.time)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -104,7 +107,8 @@ class Services:
                                           ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier(), IdSource(),
                                           tokenizers))
         tools = ToolRunner(policies, ToolClient(), ToolCache(store, secret), accounting)
-        return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, redis)
+        responses = ResponsesService(pipeline, ResponseStore(writer, reader))
+        return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, responses, redis)
 
     def start_background(self) -> None:
         self.writer.start()
@@ -123,6 +127,7 @@ class Services:
         expired = await self.ledger.expire_orphans(datetime.now(UTC), self.accounting.orphan_estimate(self.policies.current))
         if expired:
             log.warning("expired %d reservations whose usage was never confirmed", expired)
+        await self.responses.store.purge_expired(datetime.now(UTC))
         return expired
 
     async def readiness(self) -> dict[str, tuple[bool, str]]:

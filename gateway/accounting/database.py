@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, Index, create_engine, event, inspect,
 from sqlalchemy.schema import CreateIndex
 
 from gateway.accounting import tables
-from gateway.accounting.tables import budgets, metadata, reservations, schema_version, tasks, usage_events
+from gateway.accounting.tables import budgets, metadata, reservations, responses, schema_version, tasks, usage_events
 
 WRITER_LOCK_WAIT_S = 5.0
 READER_LOCK_WAIT_S = 30.0
@@ -120,6 +120,10 @@ def _v4_estimated_usage(conn: Connection) -> None:
         conn.exec_driver_sql("ALTER TABLE reservations ADD COLUMN max_output_tokens INTEGER NOT NULL DEFAULT 0")
 
 
+def _v5_stored_responses(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[responses])  # with its index; checks first, as every step must
+
+
 def _declared_indexes() -> list[Index]:
     return [*reservations.indexes, *usage_events.indexes]
 
@@ -131,6 +135,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (2, _v2_route_verdicts),
     (3, _v3_lean_indexes),
     (4, _v4_estimated_usage),
+    (5, _v5_stored_responses),
 ]
 
 

@@ -181,6 +181,21 @@ tasks = Table(
     when("created_at"),
 )
 
+# Stored Responses-API responses (schema v5): the conversation a `previous_response_id`
+# continues, per tenant, until `expires_at` (the policy's `defaults.responses.ttl_s`).
+responses = Table(
+    "responses", metadata,
+    short("id", 64, primary_key=True),
+    short("tenant", 128),
+    long_text("history"),  # JSON: every earlier turn's input and output items
+    long_text("input_items"),  # JSON: this turn's input items
+    long_text("response"),  # JSON: the Response object as the client got it
+    pico("size_bytes"),
+    when("created_at"),
+    when("expires_at"),
+    Index("ix_responses_expires_at", "expires_at"),  # the sweeper's purge
+)
+
 schema_version = Table(
     "schema_version", metadata,
     count("version", primary_key=True),

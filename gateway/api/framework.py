@@ -13,6 +13,7 @@ from gateway.api.body_limit import BodyLimit
 from gateway.api.errors import install_error_handlers
 from gateway.api.health import build_health_router
 from gateway.api.openai_routes import build_router
+from gateway.api.responses import build_responses_router
 from gateway.api.tasks import build_tasks_router
 from gateway.api.tools import build_tools_router
 from gateway.api.ui import build_ui_router
@@ -30,6 +31,7 @@ def build_framework(services: Services) -> ASGIApp:
     app.include_router(build_health_router())
     app.include_router(build_router())
     app.include_router(build_tasks_router())
+    app.include_router(build_responses_router())
     app.include_router(build_admin_router())
     app.include_router(build_tools_router())
     app.include_router(build_ui_router())

@@ -27,7 +27,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 HOT = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
-       "/v1/messages": "messages", "/v1/messages/count_tokens": "messages.count_tokens"}
+       "/v1/messages": "messages", "/v1/messages/count_tokens": "messages.count_tokens", "/v1/responses": "responses"}
+RESPONSES = "responses"  # served by the Responses service, over the chat pipeline
 # Endpoints whose clients speak Anthropic's dialect, errors included.
 ANTHROPIC_ENDPOINTS = frozenset({"messages", "messages.count_tokens"})
 JSON = b"application/json"
@@ -75,7 +76,10 @@ class HotPaths:
 
     async def _answer(self, endpoint: str, path: str, raw: bytes, headers: dict[str, str], send: Send, anthropic: bool) -> None:
         try:
-            reply = await self.services.pipeline.run(endpoint, raw, headers)
+            if endpoint == RESPONSES:
+                reply = await self.services.responses.create(raw, headers)
+            else:
+                reply = await self.services.pipeline.run(endpoint, raw, headers)
         except GatewayError as exc:
             await send_error(send, exc, anthropic=anthropic)
             return

@@ -237,6 +237,11 @@ class Defaults(Strict):
     response_cache_ttl_s: Annotated[float, Field(ge=0, le=30 * 86_400)] = 300.0
     response_cache_max_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
     cache_nondeterministic: bool = Field(default=False, description="also cache requests with temperature > 0 and no seed")
+    stored_responses_ttl_s: Annotated[float, Field(gt=0, le=366 * 86_400)] = Field(
+        default=30 * 86_400.0, description="how long a stored Responses-API response (and the conversation it ends) is kept")
+    stored_response_max_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = Field(
+        default=4 * 1024 * 1024, description="the largest stored response, its whole conversation included; a turn that"
+                                             " would store more is refused with a 400 before any upstream call")
     reservation_grace_s: Annotated[float, Field(ge=0, le=86_400)] = Field(
         default=30.0, description="how long past its request's deadline an unsettled hold waits before any replica's sweeper"
                                   " expires it at an estimate (a replica that died mid-call never settles its holds)")

@@ -11,16 +11,17 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import StatementError
 from sqlalchemy.schema import CreateTable
 
-from gateway.accounting.tables import budgets, metadata, reservations, schema_version, tasks, usage_events
+from gateway.accounting.tables import budgets, metadata, reservations, responses, schema_version, tasks, usage_events
 
 
 def test_money_is_64_bit_and_times_keep_their_zone_on_postgresql() -> None:
     ddl = {table.name: str(CreateTable(table).compile(dialect=postgresql.dialect())) for table in metadata.sorted_tables}
-    assert set(ddl) == {t.name for t in (budgets, reservations, usage_events, tasks, schema_version)}
+    assert set(ddl) == {t.name for t in (budgets, reservations, usage_events, tasks, responses, schema_version)}
     for table, column in (("budgets", "spent_pico"), ("budgets", "limit_pico"), ("reservations", "amount_pico"),
                           ("usage_events", "cost_pico"), ("usage_events", "saved_pico")):
         assert f"\t{column} BIGINT" in ddl[table]
-    for table, column in (("reservations", "expires_at"), ("usage_events", "created_at"), ("tasks", "deadline_at")):
+    for table, column in (("reservations", "expires_at"), ("usage_events", "created_at"), ("tasks", "deadline_at"),
+                          ("responses", "expires_at")):
         assert f"\t{column} TIMESTAMP WITH TIME ZONE" in ddl[table]
 
 
