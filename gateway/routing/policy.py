@@ -21,6 +21,7 @@ Name = Annotated[str, Field(pattern=NAME, max_length=128)]
 Tokenizer = Literal["o200k_base", "cl100k_base", "o200k_harmony", "p50k_base", "r50k_base"]
 Usd = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=9)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=86_400)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
 def _http_url(value: str) -> str:
@@ -63,7 +64,10 @@ class Upstream(Strict):
     kind: Literal["openai", "vllm", "anthropic"] = Field(description="anthropic: base_url as in the anthropic SDK, without /v1")
     base_url: HttpUrl | None = None
     replicas: list[HttpUrl] | None = Field(default=None, min_length=1)
-    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    api_key_env: EnvName | None = None
+    admin_key_env: EnvName | None = Field(default=None, description=(
+        "the variable holding the provider's admin key, for its usage and cost reports (reconciliation): OpenAI's "
+        "organization usage/costs APIs, Anthropic's Admin API (sk-ant-admin...); kind openai falls back to api_key_env"))
     timeout_s: PositiveSeconds = 600.0
     connect_timeout_s: PositiveSeconds = 5.0
     max_connections: Annotated[int, Field(ge=1, le=10_000)] = 512

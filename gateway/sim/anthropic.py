@@ -2,7 +2,8 @@
 
 Routes: `POST /v1/messages`, `POST /v1/messages/count_tokens`, `GET /v1/models`, the
 Admin API's usage and cost reports (an admin key, `sk-ant-admin...`, in `x-api-key`),
-and `/sim/*` controls for tests (stats, config, reset, the billed calls).
+and `/sim/*` controls for tests (stats, config, reset, the billed calls, and billing a
+call the gateway never saw: `POST /sim/usage/inject`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from functools import partial
 
 from gateway.sim import anthropic_messages
 from gateway.sim.anthropic_messages import error_body, reply
-from gateway.sim.anthropic_reports import cost_report, usage_report
+from gateway.sim.anthropic_reports import cost_report, injected_usage, usage_report
 from gateway.sim.anthropic_state import AnthropicSimConfig, AnthropicSimStats, AnthropicState
 from gateway.sim.asgi import Handler, HttpRequest, Receive, RoutedApp, Send, send_json
 from gateway.sim.generation import SimRequestError
@@ -40,6 +41,7 @@ class AnthropicSimulator(RoutedApp):
             ("POST", "/sim/config"): self._patch_config,
             ("POST", "/sim/reset"): self._reset,
             ("GET", "/sim/usage"): self._usage,
+            ("POST", "/sim/usage/inject"): self._inject,
         }
 
     @property
@@ -98,6 +100,16 @@ class AnthropicSimulator(RoutedApp):
 
     async def _usage(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         await send_json(send, 200, {"data": [dataclasses.asdict(r) for r in self.state.usage]})
+
+    async def _inject(self, request: HttpRequest, receive: Receive, send: Send) -> None:
+        try:
+            record = injected_usage(request.json(), self.state.new_id("req_"), time.time())
+        except (SimRequestError, ValueError) as error:
+            message = error.message if isinstance(error, SimRequestError) else "Expected a JSON body."
+            await send_json(send, 400, error_body("invalid_request_error", message))
+            return
+        self.state.usage.append(record)
+        await send_json(send, 200, dataclasses.asdict(record))
 
 
 def create_anthropic_app(config: AnthropicSimConfig | None = None) -> AnthropicSimulator:

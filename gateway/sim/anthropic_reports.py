@@ -147,3 +147,24 @@ def cost_report(records: list[MessagesUsage], query: Mapping[str, list[str]], pr
         ]
         data.append({"starting_at": _rfc3339(start), "ending_at": _rfc3339(start + width), "results": results})
     return {"data": data, "has_more": cursor is not None, "next_page": cursor}
+
+
+INJECT_FIELDS = ("uncached_input_tokens", "cache_read_input_tokens", "output_tokens")
+
+
+def injected_usage(body: Any, request_id: str, now: float) -> MessagesUsage:
+    """`POST /sim/usage/inject`: a billed call the gateway never saw, in the usage
+    report's own field names (`cache_creation` per TTL); it shows in both reports."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("model"), str) or not isinstance(body.get("api_key_id"), str):
+        raise SimRequestError("Expected {model, api_key_id, uncached_input_tokens, cache_read_input_tokens, "
+                              "cache_creation: {ephemeral_5m_input_tokens, ephemeral_1h_input_tokens}, output_tokens}.")
+    creation = body.get("cache_creation") or {}
+    counts = [body.get(name, 0) for name in INJECT_FIELDS]
+    counts += [creation.get(f"ephemeral_{ttl}_input_tokens", 0) if isinstance(creation, Mapping) else None for ttl in ("5m", "1h")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        raise SimRequestError("Token counts must be non-negative integers.")
+    stamp = body.get("timestamp", now)
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+        raise SimRequestError("timestamp: expected seconds since the epoch.", "timestamp")
+    uncached, read, output, write_5m, write_1h = counts
+    return MessagesUsage(float(stamp), body["model"], body["api_key_id"], request_id, uncached, read, write_5m, write_1h, output)

@@ -4,7 +4,9 @@ API's entry points).
 
 Provider specs:
     UPSTREAM                 an upstream in the policy: `kind: openai` reads the OpenAI
-                             usage + costs APIs, `kind: vllm` the pool's counters
+                             usage + costs APIs, `kind: anthropic` Anthropic's Admin API
+                             usage and cost reports (with `admin_key_env`), `kind: vllm`
+                             the pool's counters
     vllm:UPSTREAM[@SECONDS]  scrape the pool's `/metrics`, wait SECONDS (default 60),
                              scrape again, and compare that window (counters keep no
                              history, so a vLLM window is always "from now")
@@ -28,7 +30,7 @@ from typing import Any, Literal, Protocol, TextIO
 from sqlalchemy import Engine
 
 from gateway.accounting.database import make_engine, normalise_url, table_names
-from gateway.accounting.importers import anthropic_usage, csv_export, openai_usage, vllm_metrics
+from gateway.accounting.importers import anthropic_admin, anthropic_usage, csv_export, openai_usage, vllm_metrics
 from gateway.accounting.prices import PriceCatalog, PricingInvalid
 from gateway.accounting.reconcile import ImportFailed, ProgressCallback, ProviderUsage, reconcile
 from gateway.routing.loader import PolicyInvalid, load_policy_file
@@ -48,12 +50,13 @@ class ReportClient(Protocol):
     def close(self) -> None: ...
 
 
-ClientFactory = Callable[[str | None], ReportClient]  # bearer key (or None) -> client
+ClientFactory = Callable[[Mapping[str, str]], ReportClient]  # the request headers (credentials) -> client
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 @dataclass(frozen=True, slots=True)
 class ProviderSpec:
-    kind: Literal["openai", "vllm", "csv", "anthropic"]
+    kind: Literal["openai", "vllm", "csv", "anthropic", "anthropic_api"]
     upstream: str
     path: Path | None = None
     window_s: float = DEFAULT_VLLM_WINDOW_S
@@ -87,7 +90,9 @@ def parse_provider(spec: str, policy: Policy) -> ProviderSpec:
             raise ValueError(f"provider `{spec}`: the window must be between 0 and 86400 seconds")
         return ProviderSpec("vllm", name, window_s=window)
     upstream = _upstream(policy, spec, spec)
-    return ProviderSpec("vllm" if upstream.kind == "vllm" else "openai", spec)
+    if upstream.kind == "vllm":
+        return ProviderSpec("vllm", spec)
+    return ProviderSpec("anthropic_api" if upstream.kind == "anthropic" else "openai", spec)
 
 
 def _upstream(policy: Policy, name: str, spec: str) -> Upstream:
@@ -111,20 +116,44 @@ def import_provider_rows(spec: ProviderSpec, policy: Policy, since: date, until:
         return Imported(csv_export.read_csv_file(spec.path, since, until), since, until, f"CSV export {spec.path}")
     if spec.kind == "anthropic" and spec.path is not None:
         return Imported(anthropic_usage.read_report_file(spec.path, since, until), since, until, f"Anthropic usage report {spec.path}")
-    key = os.environ.get(upstream.api_key_env) if upstream.api_key_env else None
-    client = clients(key)
+    client = clients(_report_headers(spec, upstream))
     try:
         if spec.kind == "vllm":
             return _vllm_window(spec, upstream.urls(), upstream.provider_key_id, client, on_progress, sleep)
-        if not key:
-            raise ImportFailed(f"upstream `{spec.upstream}`: set {upstream.api_key_env or 'its api_key_env'} to read its usage reports")
         base = upstream.urls()[0]
+        if spec.kind == "anthropic_api":
+            rows, notes = anthropic_admin.import_anthropic_admin(client.json, base + "/v1", since, until, on_progress=on_progress)
+            return Imported(rows, since, until, f"Anthropic Admin API usage and cost reports at {base}", notes)
         rows = openai_usage.import_openai_usage(client.json, base, since, until, on_progress=on_progress)
         return Imported(rows, since, until, f"OpenAI usage and costs APIs at {base}")
     except ProviderReportError as exc:
         raise ImportFailed(str(exc)) from exc
     finally:
         client.close()
+
+
+def _report_headers(spec: ProviderSpec, upstream: Upstream) -> dict[str, str]:
+    """The credentials for the provider's report APIs: its admin key (`admin_key_env`);
+    for OpenAI the inference key when no admin key is named. The key goes in a header
+    only, never in a message."""
+    if spec.kind == "vllm":
+        return {}
+    if spec.kind == "anthropic_api":
+        if upstream.admin_key_env is None:
+            raise ImportFailed(f"upstream `{spec.upstream}`: Anthropic's usage and cost reports need an Admin API key "
+                               "(sk-ant-admin...), not the inference key: set `admin_key_env` on the upstream")
+        return {"x-api-key": _key(spec, upstream.admin_key_env, "admin_key_env"), "anthropic-version": ANTHROPIC_VERSION}
+    name, field = (upstream.admin_key_env, "admin_key_env") if upstream.admin_key_env else (upstream.api_key_env, "api_key_env")
+    if name is None:
+        raise ImportFailed(f"upstream `{spec.upstream}`: set its admin_key_env (or api_key_env) to read its usage reports")
+    return {"authorization": f"Bearer {_key(spec, name, field)}"}
+
+
+def _key(spec: ProviderSpec, env: str, field: str) -> str:
+    key = os.environ.get(env, "")
+    if not key:
+        raise ImportFailed(f"upstream `{spec.upstream}`: set {env} (its {field}) to read its usage reports")
+    return key
 
 
 def _vllm_window(spec: ProviderSpec, replicas: list[str], key_id: str | None, client: ReportClient,
@@ -193,8 +222,8 @@ async def reconcile_upstream(engine: Engine, policy: Policy, provider: str, sinc
     return await asyncio.to_thread(run)
 
 
-def _http_clients(api_key: str | None) -> ReportClient:
-    return ProviderReportClient(api_key)
+def _http_clients(headers: Mapping[str, str]) -> ReportClient:
+    return ProviderReportClient(extra_headers=headers)
 
 
 def _ledger_engine(database_url: str) -> Engine:

@@ -16,7 +16,7 @@ writes, and cached is the cache reads. The report has no request count and no co
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime, time
 from pathlib import Path
 from typing import Any
@@ -37,9 +37,9 @@ def parse_usage_page(page: Mapping[str, Any], source: str = SOURCE) -> list[Prov
     for bucket in data:
         if not isinstance(bucket, dict):
             raise ImportFailed(f"{source}: a bucket is not an object")
-        day = _day(bucket.get("starting_at"), source)
+        day = bucket_day(bucket.get("starting_at"), source)
         for result in bucket.get("results") or []:
-            rows.append(_row(day, result, source))
+            rows.append(result_row(day, result, source))
     return rows
 
 
@@ -54,27 +54,42 @@ def import_anthropic_usage(
 ) -> list[ProviderUsage]:
     """Every page over the UTC days [since, until), grouped by model and api key.
     `base_url` is the API root ending in `/v1`."""
-    url = base_url.rstrip("/") + "/organizations/usage_report/messages"
-    params: dict[str, QueryValue] = {
-        "starting_at": _rfc3339(since),
-        "ending_at": _rfc3339(until),
-        "bucket_width": "1d",
-        "group_by[]": ["model", "api_key_id"],
-        "limit": 31,
-    }
-    rows: list[ProviderUsage] = []
+    rows = [row for page in usage_pages(fetch, base_url, since, until, on_progress) for row in parse_usage_page(page, source)]
+    return merge_rows(r for r in rows if since <= r.day < until)
+
+
+def usage_pages(fetch: FetchJson, base_url: str, since: date, until: date,
+                on_progress: ProgressCallback | None = None) -> Iterator[dict[str, Any]]:
+    """The usage report's pages over [since, until): daily buckets by model and api key."""
+    params: dict[str, QueryValue] = {**window_params(since, until), "group_by[]": ["model", "api_key_id"], "limit": 31}
+    return report_pages(fetch, base_url.rstrip("/") + "/organizations/usage_report/messages", params, on_progress)
+
+
+def window_params(since: date, until: date) -> dict[str, QueryValue]:
+    return {"starting_at": _rfc3339(since), "ending_at": _rfc3339(until), "bucket_width": "1d"}
+
+
+def report_pages(fetch: FetchJson, url: str, params: Mapping[str, QueryValue],
+                 on_progress: ProgressCallback | None = None, pages_before: int = 0) -> Iterator[dict[str, Any]]:
+    """Follows an Admin API report's `next_page` while `has_more`; `on_progress` counts
+    pages from `pages_before` (when one progress bar spans several reports)."""
+    what = url.rsplit("/organizations/", 1)[-1]
+    query = dict(params)
+    seen: set[str] = set()
     for done in range(1, MAX_PAGES + 1):
-        page = fetch(url, params)
-        rows.extend(parse_usage_page(page, source))
+        page = fetch(url, query)
+        yield page
         if on_progress is not None:
-            on_progress(done, f"usage_report/messages page {done}")
-        cursor = page.get("next_page")
+            on_progress(pages_before + done, f"{what} page {done}")
         if not page.get("has_more"):
-            return merge_rows(r for r in rows if since <= r.day < until)
-        if not isinstance(cursor, str) or not cursor or cursor == params.get("page"):
-            raise ImportFailed(f"{source}: `has_more` is true but `next_page` is missing or repeats ({cursor!r})")
-        params = {**params, "page": cursor}
-    raise ImportFailed(f"{source}: more than {MAX_PAGES} pages; narrow the date range")
+            return
+        cursor = page.get("next_page")
+        # A cursor that repeats would page forever and count buckets twice.
+        if not isinstance(cursor, str) or not cursor or cursor in seen:
+            raise ImportFailed(f"{what}: `has_more` is true but `next_page` is missing or repeats ({cursor!r})")
+        seen.add(cursor)
+        query = {**params, "page": cursor}
+    raise ImportFailed(f"{what}: more than {MAX_PAGES} pages; narrow the date range")
 
 
 def read_report_file(path: str | Path, since: date, until: date) -> list[ProviderUsage]:
@@ -93,7 +108,7 @@ def read_report_file(path: str | Path, since: date, until: date) -> list[Provide
     return merge_rows(r for r in rows if since <= r.day < until)
 
 
-def _row(day: date, result: Any, source: str) -> ProviderUsage:
+def result_row(day: date, result: Any, source: str) -> ProviderUsage:
     if not isinstance(result, dict):
         raise ImportFailed(f"{source}: a result for {day} is not an object")
     model = result.get("model")
@@ -102,23 +117,23 @@ def _row(day: date, result: Any, source: str) -> ProviderUsage:
     creation = result.get("cache_creation") or {}
     if not isinstance(creation, dict):
         raise ImportFailed(f"{source}: `cache_creation` for {model} on {day} is not an object")
-    cache_read = _count(result, "cache_read_input_tokens", source)
-    cache_write = sum(_count(creation, name, source) for name in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"))
+    cache_read = token_count(result, "cache_read_input_tokens", source)
+    cache_write = sum(token_count(creation, name, source) for name in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"))
     key = result.get("api_key_id")
     return ProviderUsage(
         day=day,
         model=model,
         key_id=key if isinstance(key, str) and key else None,
-        input_tokens=_count(result, "uncached_input_tokens", source) + cache_read + cache_write,
+        input_tokens=token_count(result, "uncached_input_tokens", source) + cache_read + cache_write,
         cached_tokens=cache_read,
-        output_tokens=_count(result, "output_tokens", source),
+        output_tokens=token_count(result, "output_tokens", source),
         requests=None,
         cost_pico=None,
         source=source,
     )
 
 
-def _count(result: Mapping[str, Any], name: str, source: str) -> int:
+def token_count(result: Mapping[str, Any], name: str, source: str) -> int:
     value = result.get(name, 0)
     if value is None:
         return 0
@@ -127,7 +142,7 @@ def _count(result: Mapping[str, Any], name: str, source: str) -> int:
     return value
 
 
-def _day(value: Any, source: str) -> date:
+def bucket_day(value: Any, source: str) -> date:
     if not isinstance(value, str):
         raise ImportFailed(f"{source}: a bucket has no `starting_at`")
     try:

@@ -203,3 +203,25 @@ def test_usage_and_cost_reports_match_what_was_billed(start_sim: Callable[..., t
                 + row["cache_creation"]["ephemeral_5m_input_tokens"] * price.cache_write_5m
                 + row["output_tokens"] * price.output) * 100 / 1_000_000
     assert cents == expected
+
+
+def test_an_injected_call_is_billed_in_both_reports(start_sim: Callable[..., tuple[str, AnthropicSimulator]]) -> None:
+    url, app = start_sim()
+    admin = {"x-api-key": "sk-ant-admin01-test", "anthropic-version": "2023-06-01"}
+    injected = {"model": MODEL, "api_key_id": "apikey_unseen", "uncached_input_tokens": 100, "cache_read_input_tokens": 0,
+                "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 1000}, "output_tokens": 10}
+    assert httpx.post(url + "/sim/usage/inject", json={**injected, "output_tokens": -1}).status_code == 400
+    assert httpx.post(url + "/sim/usage/inject", json={"model": MODEL}).status_code == 400
+    assert httpx.post(url + "/sim/usage/inject", json=injected).status_code == 200
+    window: Any = {"starting_at": "2020-01-01T00:00:00Z", "limit": 31}
+    usage = []
+    page: dict[str, Any] = {"has_more": True, "next_page": None}
+    while page["has_more"]:
+        query = {**window, "group_by[]": ["model", "api_key_id"], **({"page": page["next_page"]} if page["next_page"] else {})}
+        page = httpx.get(url + "/v1/organizations/usage_report/messages", params=query, headers=admin).json()
+        usage += [r for bucket in page["data"] for r in bucket["results"]]
+    [row] = usage
+    assert (row["api_key_id"], row["cache_creation"]["ephemeral_1h_input_tokens"], row["output_tokens"]) == ("apikey_unseen", 1000, 10)
+    price = app.config.prices[MODEL]
+    [billed] = app.state.usage
+    assert billed.cache_write_1h == 1000 and price.cache_write_1h == 2 * price.input  # 1-hour writes at their own rate
