@@ -102,6 +102,7 @@ class HealthProbe:
         self.url = url
         self.times: list[float] = []
         self._stop = threading.Event()
+        self._first = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -110,10 +111,12 @@ class HealthProbe:
                 started = time.perf_counter()
                 assert client.get(self.url + "/healthz").status_code == 200
                 self.times.append(time.perf_counter() - started)
+                self._first.set()
                 self._stop.wait(0.02)
 
     def __enter__(self) -> HealthProbe:
         self._thread.start()
+        assert self._first.wait(30), "the gateway never answered /healthz"  # probing before the call starts
         return self
 
     def __exit__(self, *_: object) -> None:
