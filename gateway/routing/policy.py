@@ -71,7 +71,7 @@ class PoolSettings(Strict):
     load_factor: Annotated[float, Field(ge=1, le=10)] = Field(
         default=1.5, description="a replica takes at most this times the pool's average load while others have room")
     home_share_factor: Annotated[float, Field(ge=1, le=10)] = Field(
-        default=1.2, description="prefixes get home replicas so that none has more than this times the average recent traffic")
+        default=1.3, description="prefixes get home replicas so that none has more than this times the average recent traffic")
     max_kv_usage: Annotated[float, Field(gt=0, le=1)] = Field(
         default=0.95, description="a replica using more of its KV cache than this takes new requests only when all do")
     max_queue_wait_s: Annotated[float, Field(gt=0, le=3600)] | None = Field(

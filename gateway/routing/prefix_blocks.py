@@ -68,9 +68,9 @@ def _completion_text(prompt: Any) -> str:
     return ""
 
 
-def block_hashes(text: str, salt: str, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[bytes]:
+def block_hashes(text: str | bytes, salt: str, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> list[bytes]:
     """Chained hashes of the full blocks of `text`; the salt is folded into the first."""
-    data = text.encode("utf-8")
+    data = text.encode("utf-8") if isinstance(text, str) else text
     size = max(1, block_tokens) * BYTES_PER_TOKEN
     parent = hashlib.blake2b(_ROOT + salt.encode("utf-8"), digest_size=8).digest()
     hashes = []

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 SATURATED = "saturated"
+SOONER = 0.8  # another replica must start a request this much sooner to be worth leaving the preferred one
 UNHEALTHY = "unhealthy"
 
 
@@ -45,6 +46,7 @@ class ReplicaView:
     slot_time_s: float | None = None  # how long a request recently held a slot
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc
     matched: int = 0  # leading blocks of this request's prompt recently routed there
+    prefill_s_per_token: float | None = None  # recent prefill time per uncached prompt token
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ class ChoiceRequest:
     time_left_s: float = math.inf  # until the request's deadline
     can_spill: bool = False  # the model has a fallback to spill to
     turn: int = 0  # rotates ties among keyless requests
+    blocks: int = 0  # full KV blocks in the prompt
+    block_tokens: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,7 @@ class Choice:
     spill: str | None = None  # SATURATED | UNHEALTHY
     predicted_wait_s: float = 0.0
     detail: str = ""
+    reason: str = ""  # home | cached | new | least_loaded | overflow | in_time | spill
 
 
 def rendezvous_rank(key: bytes, url: str) -> int:
@@ -95,18 +100,30 @@ def choose_replica(views: Sequence[ReplicaView], request: ChoiceRequest, setting
     if not usable:
         return Choice(None, UNHEALTHY, detail="no replica of the pool is healthy")
     order = _preference(usable, request)
-    pick = _first_with_room(order, settings)
+    pick = _place(order, request, settings)
+    reason = _reason(pick, order, request)
     wait = predicted_wait_s(pick)
     limit = request.time_left_s if settings.max_queue_wait_s is None else min(request.time_left_s, settings.max_queue_wait_s)
     if wait > limit:
         in_time = [v for v in order if predicted_wait_s(v) <= limit]
         if in_time:
-            pick = in_time[0]
+            pick, reason = in_time[0], "in_time"
             wait = predicted_wait_s(pick)
         elif request.can_spill:
             shortest = min(predicted_wait_s(v) for v in usable)
-            return Choice(None, SATURATED, shortest, f"the pool is saturated: predicted queue wait {shortest:.2f}s > {limit:.2f}s")
-    return Choice(pick.url, None, wait)
+            return Choice(None, SATURATED, shortest, f"the pool is saturated: predicted queue wait {shortest:.2f}s > {limit:.2f}s",
+                          "spill")
+    return Choice(pick.url, None, wait, reason=reason)
+
+
+def _reason(pick: ReplicaView, order: list[ReplicaView], request: ChoiceRequest) -> str:
+    if request.key is None:
+        return "least_loaded"
+    if pick is not order[0]:
+        return "overflow"
+    if pick.url == request.home:
+        return "home"
+    return "cached" if pick.matched else "new"
 
 
 def _preference(usable: list[ReplicaView], request: ChoiceRequest) -> list[ReplicaView]:
@@ -117,21 +134,40 @@ def _preference(usable: list[ReplicaView], request: ChoiceRequest) -> list[Repli
     return sorted(usable, key=lambda v: (v.url != request.home, -v.matched, -rendezvous_rank(key, v.url)))
 
 
-def _first_with_room(order: list[ReplicaView], settings: ChoiceSettings) -> ReplicaView:
-    total = sum(v.load for v in order)
-    share = settings.load_factor * (total + 1) / len(order)
-    caps = [v.slots if v.slots is not None else settings.min_load_bound for v in order]
-    # Queueing on one replica is worth avoiding only while the pool, on average, has room.
-    pool_has_room = (total + 1) / len(order) < sum(caps) / len(caps)
+def predicted_ttft_s(view: ReplicaView, request: ChoiceRequest, prefill_s_per_token: float) -> float:
+    """Wait for a slot, then prefill what the replica does not hold."""
+    uncached = (request.blocks - view.matched) * request.block_tokens
+    return predicted_wait_s(view) + max(0, uncached) * prefill_s_per_token
 
-    def has_room(v: ReplicaView, cap: int) -> bool:
+
+def _place(order: list[ReplicaView], request: ChoiceRequest, settings: ChoiceSettings) -> ReplicaView:
+    """The first replica in preference order with room; a later one only when it would
+    start the request markedly sooner, its cold prefill included."""
+    total = sum(v.load for v in order)
+    bound = max(settings.load_factor * (total + 1) / len(order), settings.min_load_bound)
+    slots = [v.slots if v.slots is not None else settings.min_load_bound for v in order]
+    speeds = [v.prefill_s_per_token for v in order if v.prefill_s_per_token is not None]
+    prefill = sum(speeds) / len(speeds) if speeds else None
+    # Without a prefill speed to weigh a queue against a cold prefill, queueing on one
+    # replica is avoided while the pool, on average, has room.
+    avoid_queue = prefill is None and (total + 1) / len(order) < sum(slots) / len(slots)
+
+    def has_room(v: ReplicaView) -> bool:
         if v.kv_usage >= settings.max_kv_usage:
             return False
-        if v.slots is not None and pool_has_room and v.load + 1 > v.slots:
+        if avoid_queue and v.slots is not None and v.load + 1 > v.slots:
             return False
-        return v.load + 1 <= max(share, cap)
+        return v.load + 1 <= bound
 
-    for view, cap in zip(order, caps, strict=True):
-        if has_room(view, cap):
-            return view
-    return min(order, key=predicted_wait_s)
+    roomy = [v for v in order if has_room(v)]
+    if not roomy:
+        return min(order, key=predicted_wait_s)
+    first = roomy[0]
+    if prefill is None:
+        return first
+
+    def ttft(v: ReplicaView) -> float:
+        return predicted_ttft_s(v, request, v.prefill_s_per_token if v.prefill_s_per_token is not None else prefill)
+
+    sooner = min(roomy, key=ttft)
+    return sooner if ttft(sooner) < SOONER * ttft(first) else first

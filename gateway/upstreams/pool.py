@@ -18,7 +18,7 @@ from typing import Any
 from gateway.errors import PoolSpill, UpstreamError
 from gateway.routing.policy import PoolSettings
 from gateway.routing.policy import Upstream as UpstreamConfig
-from gateway.routing.prefix_blocks import DEFAULT_BLOCK_TOKENS, block_hashes
+from gateway.routing.prefix_blocks import BYTES_PER_TOKEN, DEFAULT_BLOCK_TOKENS, block_hashes
 from gateway.routing.prefix_homes import PrefixHomes
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.replica_choice import UNHEALTHY, ChoiceRequest, ChoiceSettings, ReplicaView, choose_replica
@@ -49,6 +49,9 @@ class Replica:
     slots: int | None = None  # learned: requests it runs at once
     slot_time_s: float | None = None  # recent mean time a request holds a slot
     hit_rate: float | None = None  # recent prefix-cache hit rate (tokens)
+    prefill_s_per_token: float | None = None  # recent prefill time per uncached prompt token
+    sent_bytes: int = 0  # prompt bytes this gateway sent it since its last scrape ...
+    sent_requests: int = 0  # ... in this many requests
     tenants: dict[str, tuple[float, float]] = field(default_factory=dict)  # tenant -> (decayed count, at)
 
     @property
@@ -64,6 +67,11 @@ class Pool:
         self.homes = PrefixHomes()
         self._clock = clock
         self._turn = 0
+        self.reasons: dict[str, int] = {}  # why each request went where it went, since start
+        # The router's blocks are bytes; the replicas' are tokens. How many bytes make a
+        # token is learned from what the replicas count (their prompt tokens per request
+        # against the bytes per request sent them), to size prefixes in their KV blocks.
+        self.bytes_per_token = float(BYTES_PER_TOKEN)
         self.reconfigure(config)
 
     def reconfigure(self, config: UpstreamConfig) -> None:
@@ -82,7 +90,7 @@ class Pool:
                 replica.draining = True
                 self._leave_if_drained(replica)
         for replica in self.replicas.values():
-            self.index.resize(replica.url, self._kv_blocks(replica))
+            self.index.resize(replica.url, self._index_blocks(replica))
 
     def drain_all(self) -> None:
         """The pool left the policy: no new requests; each replica leaves once idle."""
@@ -104,32 +112,42 @@ class Pool:
         """The replica to send to (counted in flight: call `finished` after), or raises
         PoolSpill (to the fallback), or UpstreamError when the pool can serve nothing."""
         now = self._clock()
-        blocks = block_hashes(request.prompt, request.salt, self.block_size()) if request is not None and request.prompt else []
+        data = request.prompt.encode("utf-8") if request is not None else b""
+        blocks = block_hashes(data, request.salt, self.block_size()) if request is not None and data else []
         key = blocks[0] if blocks else None
         if key is not None:
-            self.homes.observe(key, now)
+            self.homes.observe(key, len(blocks) * BYTES_PER_TOKEN / self.bytes_per_token, now)
         self._turn += 1
         views = [self._view(r, blocks, now) for r in self.replicas.values()]
         ask = ChoiceRequest(key=key, home=self.homes.home(key) if key is not None else None,
                             time_left_s=request.deadline - now if request is not None else math.inf,
-                            can_spill=request is not None and request.can_spill, turn=self._turn)
+                            can_spill=request is not None and request.can_spill, turn=self._turn,
+                            blocks=len(blocks), block_tokens=self.block_size())
+        replica = self.replicas[self._decide(views, ask)]
+        if blocks:
+            self.index.record(replica.url, blocks)
+        replica.sent_bytes += len(data)
+        replica.sent_requests += 1
+        if request is not None:
+            self._count_tenant(replica, request.tenant, now)
+        replica.in_flight += 1
+        return replica
+
+    def _decide(self, views: list[ReplicaView], ask: ChoiceRequest) -> str:
         choice = choose_replica(views, ask, self.choice)
         if choice.replica is None:
+            reason = choice.spill or UNHEALTHY
             if ask.can_spill:
-                raise PoolSpill(choice.spill or UNHEALTHY, choice.detail)
+                self.reasons[reason] = self.reasons.get(reason, 0) + 1
+                raise PoolSpill(reason, choice.detail)
             # Nowhere else to go: rather than refuse, try the replicas that were taken out
             # (as Envoy's panic mode does); one may be back before its probe says so.
             views = [ReplicaView(v.url, usable=not self.replicas[v.url].draining, load=v.load, matched=v.matched) for v in views]
             choice = choose_replica(views, ask, self.choice)
             if choice.replica is None:
                 raise UpstreamError(f"upstream `{self.name}` has no replica left to try")
-        replica = self.replicas[choice.replica]
-        if blocks:
-            self.index.record(replica.url, blocks)
-        if request is not None:
-            self._count_tenant(replica, request.tenant, now)
-        replica.in_flight += 1
-        return replica
+        self.reasons[choice.reason] = self.reasons.get(choice.reason, 0) + 1
+        return choice.replica
 
     def _view(self, replica: Replica, blocks: list[bytes], now: float) -> ReplicaView:
         load = float(replica.in_flight)
@@ -140,7 +158,7 @@ class Pool:
             load += max(0.0, m.running + m.waiting - replica.in_flight_at_scrape)
             kv = m.kv_usage
         return ReplicaView(url=replica.url, usable=replica.usable, load=load, slots=self.settings.max_num_seqs or replica.slots,
-                           slot_time_s=replica.slot_time_s, kv_usage=kv,
+                           slot_time_s=replica.slot_time_s, kv_usage=kv, prefill_s_per_token=replica.prefill_s_per_token,
                            matched=self.index.matched(replica.url, blocks) if blocks else 0)
 
     def _count_tenant(self, replica: Replica, tenant: str, now: float) -> None:
@@ -190,7 +208,7 @@ class Pool:
             return
         self._learn(replica, metrics)
         replica.metrics, replica.scraped_at, replica.in_flight_at_scrape = metrics, now, replica.in_flight
-        self.index.resize(replica.url, self._kv_blocks(replica))
+        self.index.resize(replica.url, self._index_blocks(replica))
 
     def _learn(self, replica: Replica, m: ReplicaMetrics) -> None:
         if m.waiting > 0:
@@ -204,16 +222,31 @@ class Pool:
             self.index.forget(replica.url)  # its counters restarted: so did it, with an empty cache
             return
         done = m.e2e_count - prev.e2e_count
+        if done > 0 and replica.sent_requests > 0 and m.prompt_tokens > prev.prompt_tokens:
+            per_request = (m.prompt_tokens - prev.prompt_tokens) / done
+            self.bytes_per_token = _smooth(self.bytes_per_token, replica.sent_bytes / replica.sent_requests / per_request)
+            replica.sent_bytes = replica.sent_requests = 0
         if done > 0:
             held = ((m.e2e_sum - prev.e2e_sum) - (m.queue_sum - prev.queue_sum)) / done
             replica.slot_time_s = _smooth(replica.slot_time_s, max(held, 0.0))
         queried = m.prefix_queries - prev.prefix_queries
+        hits = m.prefix_hits - prev.prefix_hits
         if queried > 0:
-            replica.hit_rate = _smooth(replica.hit_rate, (m.prefix_hits - prev.prefix_hits) / queried)
+            replica.hit_rate = _smooth(replica.hit_rate, hits / queried)
+        uncached = (m.prompt_tokens - prev.prompt_tokens) - hits
+        if done > 0 and uncached > 0:
+            replica.prefill_s_per_token = _smooth(replica.prefill_s_per_token, (m.prefill_sum - prev.prefill_sum) / uncached)
+
+    def kv_for_homes(self) -> dict[str, int]:
+        """The usable replicas, each with its KV capacity in its own blocks."""
+        return {r.url: self._kv_blocks(r) for r in self.replicas.values() if r.usable}
 
     def rebalance(self) -> None:
-        usable = [r.url for r in self.replicas.values() if r.usable]
-        self.homes.rebalance(usable, self._clock(), self.settings.home_share_factor)
+        self.homes.rebalance(self.kv_for_homes(), self._clock(), self.settings.home_share_factor)
+
+    def _index_blocks(self, replica: Replica) -> int:
+        """The replica's KV capacity in the router's blocks (of bytes)."""
+        return round(self._kv_blocks(replica) * self.bytes_per_token / BYTES_PER_TOKEN)
 
     def _kv_blocks(self, replica: Replica) -> int:
         if self.settings.kv_blocks is not None:
@@ -235,7 +268,8 @@ class Pool:
         homes: dict[str, int] = {}
         for url in self.homes.homes().values():
             homes[url] = homes.get(url, 0) + 1
-        return {"upstream": self.name, "block_size": self.block_size(),
+        return {"upstream": self.name, "block_size": self.block_size(), "bytes_per_token": round(self.bytes_per_token, 3),
+                "choices": dict(sorted(self.reasons.items())),
                 "replicas": [self._replica_snapshot(r, now, homes.get(r.url, 0)) for r in self.replicas.values()]}
 
     def _replica_snapshot(self, r: Replica, now: float, homes: int) -> dict[str, Any]:
@@ -247,6 +281,7 @@ class Pool:
             "in_flight": r.in_flight, "running": m.running if m else None, "waiting": m.waiting if m else None,
             "kv_cache_usage": m.kv_usage if m else None, "prefix_hit_rate": _round(r.hit_rate),
             "slots": self.settings.max_num_seqs or r.slots, "slot_time_s": _round(r.slot_time_s),
+            "prefill_ms_per_1k_tokens": _round(r.prefill_s_per_token * 1e6) if r.prefill_s_per_token is not None else None,
             "metrics_age_s": _round(now - r.scraped_at) if m else None,
             "index_blocks": self.index.size(r.url), "index_capacity": self.index.capacity(r.url),
             "prefix_homes": homes, "recent_tenants": top,

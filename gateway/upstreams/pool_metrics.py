@@ -21,6 +21,7 @@ _SUMMED = {
     "vllm:e2e_request_latency_seconds_sum": "e2e_sum",
     "vllm:e2e_request_latency_seconds_count": "e2e_count",
     "vllm:request_queue_time_seconds_sum": "queue_sum",
+    "vllm:request_prefill_time_seconds_sum": "prefill_sum",
 }
 KV_USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
@@ -38,6 +39,7 @@ class ReplicaMetrics:
     e2e_sum: float = 0.0
     e2e_count: float = 0.0
     queue_sum: float = 0.0
+    prefill_sum: float = 0.0
     block_size: int | None = None
     num_gpu_blocks: int | None = None
 

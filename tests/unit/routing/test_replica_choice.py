@@ -120,3 +120,14 @@ def test_a_replica_that_can_start_in_time_is_preferred_to_spilling() -> None:
     choice = choose_replica(views(r0=busy, r1=busy, r2=busy, r3=quiet), ChoiceRequest(key=b"a", home=URLS[0], can_spill=True),
                             ChoiceSettings(max_queue_wait_s=1.0))
     assert choice.replica == URLS[3]
+
+
+def test_a_short_queue_at_home_beats_a_cold_prefill_elsewhere_a_long_one_does_not() -> None:
+    # 40-block prompt, 38 held at home; prefill 0.5 ms a token: a cold replica needs 0.32 s.
+    request = ChoiceRequest(key=b"a", home=URLS[0], blocks=40, block_tokens=16)
+    fast = {"prefill_s_per_token": 0.0005, "slots": 4, "slot_time_s": 0.6}
+    short_queue = views(r0={**fast, "matched": 38, "load": 5}, r1=fast, r2=fast, r3=fast)  # 2 ahead: 0.3 s
+    assert choose_replica(short_queue, request, SETTINGS).replica == URLS[0]
+    long_queue = views(r0={**fast, "matched": 38, "load": 7}, r1=fast, r2=fast, r3=fast)  # 4 ahead: 0.6 s
+    moved = choose_replica(long_queue, request, SETTINGS)
+    assert moved.replica != URLS[0] and moved.reason == "overflow"
