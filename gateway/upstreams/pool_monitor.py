@@ -1,7 +1,8 @@
 """The pools' stats scraper: about once a `scrape_interval_s`, each replica's `/health`
 (a failure takes it out, a 200 brings it back) and `/metrics` (load, KV use, cache
-geometry, latency sums), then the prefixes' homes are reassigned from recent traffic.
-One task for every pool, started in the app's lifespan."""
+geometry, latency sums), then the prefixes' homes are reassigned from recent traffic
+(this gateway's, or with Redis every gateway's: pool_share.py). One task for every
+pool, started in the app's lifespan."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from gateway.errors import GatewayError
 from gateway.upstreams.http import HttpUpstream
 from gateway.upstreams.pool import Replica
 from gateway.upstreams.pool_metrics import parse_replica_metrics
+from gateway.upstreams.pool_share import SharedHomes
 from gateway.upstreams.registry import UpstreamRegistry
 
 log = logging.getLogger("gateway.pool")
@@ -27,8 +29,9 @@ def replica_root(url: str) -> str:
 
 
 class PoolMonitor:
-    def __init__(self, registry: UpstreamRegistry) -> None:
+    def __init__(self, registry: UpstreamRegistry, shared: SharedHomes | None = None) -> None:
         self.registry = registry
+        self.shared = shared  # homes agreed through Redis, when configured
         self._due: dict[str, float] = {}
 
     async def run(self) -> None:
@@ -58,7 +61,10 @@ class PoolMonitor:
         pool = upstream.pool
         assert pool is not None
         await asyncio.gather(*(self.probe(upstream, replica) for replica in list(pool.replicas.values())))
-        pool.rebalance()
+        if self.shared is not None:
+            await self.shared.sync(pool)
+        else:
+            pool.rebalance()
 
     async def probe(self, upstream: HttpUpstream, replica: Replica) -> None:
         pool = upstream.pool
