@@ -233,6 +233,36 @@ def cmd_routes_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pool_costs(args: argparse.Namespace) -> int:
+    import json
+    from datetime import UTC, date, datetime
+
+    from gateway.accounting.database import make_engine
+    from gateway.accounting.pool_costs import period, pool_cost_report, pool_upstreams, report_text
+    from gateway.accounting.prices import PriceCatalog
+    from gateway.settings import Settings
+
+    policy_file = policy_path(args)
+    if policy_file is None:
+        return 2
+    settings = Settings()
+    policy = load_policy_file(policy_file)
+    try:
+        start, end = period(date.fromisoformat(args.since), date.fromisoformat(args.until) if args.until else None, datetime.now(UTC))
+        names = list(pool_upstreams(policy, args.upstream))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine = make_engine(args.database_url or settings.effective_database_url())
+    try:
+        catalog = PriceCatalog.load(settings.gateway_pricing_dir)
+        reports = [pool_cost_report(engine, policy, catalog, name, start, end) for name in names]
+    finally:
+        engine.dispose()
+    print(json.dumps(reports, indent=2) if args.json else report_text(reports))
+    return 0
+
+
 def cmd_keys_new(args: argparse.Namespace) -> int:
     key = new_api_key()
     print(f"API key for tenant `{args.tenant}` (shown once; give it to the application):\n  {key}\n")
@@ -302,6 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
     report.add_argument("--since", help="first day, YYYY-MM-DD")
     report.set_defaults(func=cmd_routes_report)
+
+    pool = sub.add_parser("pool", help="self-hosted pools")
+    pool_sub = pool.add_subparsers(dest="pool_command", required=True)
+    costs = pool_sub.add_parser("costs", help="a pool's whole GPU cost split to tenants, idle and recovery shown")
+    costs.add_argument("--since", required=True, help="first day, YYYY-MM-DD (from 00:00 UTC)")
+    costs.add_argument("--until", help="day after the last, YYYY-MM-DD (default: until now)")
+    costs.add_argument("--upstream", help="the pool's upstream name (default: every vLLM upstream)")
+    costs.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY)")
+    costs.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
+    costs.add_argument("--json", action="store_true", help="JSON instead of a table")
+    costs.set_defaults(func=cmd_pool_costs)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

@@ -122,6 +122,25 @@ class UpstreamReplyTooLarge(UpstreamBadReply):
     code = "upstream_reply_too_large"
 
 
+class ReplicaFailed(UpstreamError):
+    """One replica of a pool failed before answering (refused, reset, gone) and is taken
+    out; another replica of the same pool can take the request at once."""
+
+    code = "upstream_replica_failed"
+
+
+class PoolSpill(UpstreamError):
+    """A self-hosted pool cannot serve the request in time (`saturated`) or at all
+    (`unhealthy`): the request goes to the model's hosted fallback instead, unretried."""
+
+    status = 503
+    code = "pool_unavailable"
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"spilled to the fallback: {detail}")
+        self.reason = reason
+
+
 class UpstreamTimeout(GatewayError):
     status = 504
     type = "timeout"

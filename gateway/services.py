@@ -42,6 +42,8 @@ from gateway.settings import Settings
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.health import UpstreamHealth
+from gateway.upstreams.pool_monitor import PoolMonitor
+from gateway.upstreams.pool_share import SharedHomes
 from gateway.upstreams.registry import UpstreamRegistry
 from gateway.upstreams.tools import ToolClient
 from gateway.verify.signals import Verifier
@@ -119,6 +121,8 @@ class Services:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.policies.watch(self.settings.gateway_policy_poll_s)))
         self._tasks.append(loop.create_task(_every(self.settings.gateway_sweep_interval_s, self.sweep)))
+        shared = SharedHomes(self.redis, self.settings.gateway_redis_prefix) if self.redis is not None else None
+        self._tasks.append(loop.create_task(PoolMonitor(self.upstreams, shared).run()))
 
     async def sweep(self) -> int:
         replayed = await self.accounting.spool.replay(self.ledger)

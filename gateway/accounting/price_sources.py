@@ -46,6 +46,18 @@ class PricingInvalid(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class GpuRate:
+    """What a self-hosted row says about the hardware: the pool's cost split
+    (accounting/pool_costs.py) reads it."""
+
+    gpu_hour_usd: Decimal
+    gpus: int  # per replica
+    replicas: int | None  # None: as many as the policy lists
+    input_tps: int  # expected tokens per second, per replica
+    output_tps: int
+
+
+@dataclass(frozen=True, slots=True)
 class DatedPrice:
     """One reviewed row of a model's price history, USD per 1M tokens."""
 
@@ -58,6 +70,7 @@ class DatedPrice:
     note: str
     source: str  # e.g. "pricing/overrides.yaml"
     derivation: str | None = None  # how a GPU-hour rate became this per-token rate
+    gpu: GpuRate | None = None  # self-hosted rows: the rate it was derived from
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +108,7 @@ class GpuHourEntry(Strict):
     effective_from: date
     gpu_hour_usd: Usd
     gpus: PositiveCount = 1
+    replicas: PositiveCount | None = Field(default=None, description="replicas the pool runs; default: as many as the policy lists")
     expected_tokens_per_second: Throughput
     cached_input: Usd | None = Field(default=None, description="USD per 1M tokens; a prefix-cache hit costs 0 unless given")
     note: str = Field(min_length=1)
@@ -176,6 +190,7 @@ def _from_gpu_hours(entry: GpuHourEntry, label: str) -> DatedPrice:
         note=entry.note,
         source=label,
         derivation=derivation,
+        gpu=GpuRate(entry.gpu_hour_usd, entry.gpus, entry.replicas, tps.input, tps.output),
     )
 
 

@@ -153,6 +153,10 @@ class PriceCatalog:
             label = f"litellm price map {litellm_json}"  # a file given explicitly, e.g. in tests
         return cls(read_pricing_dir(pricing_dir), LitellmMap(litellm_json), label)
 
+    def history(self, name: str) -> tuple[DatedPrice, ...]:
+        """The reviewed rows for one model name, oldest first."""
+        return self._history.get(name, ())
+
     def read_map(self) -> None:
         """Read litellm's map now, if not yet read. For work that may look up any model
         (reconciliation, `pricing show`): an unreadable map then fails it up front,

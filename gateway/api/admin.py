@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 
 import anyio
 import orjson
@@ -108,6 +108,32 @@ def build_admin_router() -> APIRouter:
         report = await anyio.to_thread.run_sync(route_report, services.reader, services.policies.current.policy,
                                                 services.accounting.catalog, since)
         return Response(orjson.dumps(report), media_type="application/json")
+
+    @router.get("/pool")
+    async def pool(request: Request) -> Response:
+        """Each self-hosted pool as this gateway replica sees it now (replicas' health,
+        load, KV use, prefix-cache hit rate, recent tenants, why requests went where
+        they went), and from the ledger its cost split to tenants over `since` (default:
+        today, UTC) until `until` (default: now)."""
+        services = await books_services(request)
+        q = request.query_params
+        since = _day(q.get("since"), "since") or datetime.now(UTC).date()
+        from gateway.accounting.pool_costs import period, pool_cost_report
+
+        try:
+            start, end = period(since, _day(q.get("until"), "until"), datetime.now(UTC))
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="until") from None
+        policy = services.policies.current.policy
+        pools = []
+        for upstream in services.upstreams.pools():
+            assert upstream.pool is not None
+            view = upstream.pool.snapshot()
+            if upstream.name in policy.upstreams:
+                view["costs"] = await anyio.to_thread.run_sync(pool_cost_report, services.reader, policy, services.accounting.catalog,
+                                                               upstream.name, start, end)
+            pools.append(view)
+        return Response(orjson.dumps({"pools": pools}), media_type="application/json")
 
     @router.get("/prompt-hygiene")
     async def prompt_hygiene(request: Request) -> Response:

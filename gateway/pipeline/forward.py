@@ -12,13 +12,13 @@ import anyio
 import orjson
 
 from gateway.caching.replay import DONE_EVENT
-from gateway.errors import GatewayError, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
+from gateway.errors import GatewayError, PoolSpill, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.pipeline import anthropic_stream, messages
 from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.pipeline.usage_estimate import relayed_text
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
-from gateway.upstreams.base import StreamBroken, Upstream, UpstreamStream
+from gateway.upstreams.base import PoolRequest, StreamBroken, Upstream, UpstreamStream
 from gateway.upstreams.sse import SseRelay
 from gateway.upstreams.translate import error_from_reply, limit_headers
 
@@ -44,7 +44,8 @@ def _new_attempt(ctx: RequestContext, target: ModelTarget) -> Attempt:
 
 
 def _fail(attempt: Attempt, error: GatewayError, status: str = "error") -> GatewayError:
-    attempt.status = "timeout" if isinstance(error, UpstreamTimeout) else status
+    # A spill is booked as an attempt that was never sent, with the pool's reason.
+    attempt.status = "timeout" if isinstance(error, UpstreamTimeout) else "spilled" if isinstance(error, PoolSpill) else status
     attempt.error = error.message
     attempt.timeline.mark("end")
     return error
@@ -75,11 +76,11 @@ def _note_reply(attempt: Attempt, status: int, replica: str, headers: dict[str, 
 
 
 async def send_once(
-    ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes
+    ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes, pool: PoolRequest | None = None
 ) -> tuple[dict[str, Any], bytes]:
     """Returns the parsed upstream body and its raw bytes (passed to the client as-is)."""
     attempt = _new_attempt(ctx, target)
-    reply = await _within_deadline(ctx, attempt, upstream, "answer", lambda t: upstream.send(ctx.path, payload, t))
+    reply = await _within_deadline(ctx, attempt, upstream, "answer", lambda t: upstream.send(ctx.path, payload, t, pool))
     _note_reply(attempt, reply.status, reply.replica, reply.headers)
     attempt.timeline.mark("end")
     if reply.status != 200:
@@ -98,9 +99,11 @@ async def send_once(
     return body, reply.body
 
 
-async def open_stream(ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:
+async def open_stream(ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes,
+                      pool: PoolRequest | None = None) -> tuple[Attempt, UpstreamStream]:
     attempt = _new_attempt(ctx, target)
-    stream = await _within_deadline(ctx, attempt, upstream, "start answering", lambda t: upstream.open_stream(ctx.path, payload, t))
+    stream = await _within_deadline(ctx, attempt, upstream, "start answering",
+                                    lambda t: upstream.open_stream(ctx.path, payload, t, pool))
     _note_reply(attempt, stream.status, stream.replica, stream.headers)
     if stream.status != 200:
         try:

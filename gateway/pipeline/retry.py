@@ -14,7 +14,15 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from gateway.errors import AllUpstreamsFailed, GatewayError, ModelNotFound, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    AllUpstreamsFailed,
+    GatewayError,
+    ModelNotFound,
+    PoolSpill,
+    ReplicaFailed,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from gateway.pipeline.context import RequestContext
 from gateway.routing.policy import Retry
 from gateway.routing.resolved import ModelTarget
@@ -66,6 +74,12 @@ class Retrier:
                     budget.record_attempt(is_retry)
                 try:
                     result = await send(target)
+                except PoolSpill as exc:
+                    # The pool cannot serve it in time (or at all): straight to the fallback,
+                    # no retry here and no mark against the pool, which recovers by itself.
+                    errors.append(exc)
+                    ctx.response_headers["x-gateway-spill"] = exc.reason
+                    break
                 except ModelNotFound as exc:
                     if exc.upstream_status is None:  # not the upstream's answer
                         raise
@@ -75,12 +89,15 @@ class Retrier:
                     kind = _kind(exc)
                     if not exc.retryable or not is_retryable(exc.upstream_status, kind):
                         raise
-                    if exc.upstream_status != 429:  # a 429 is the provider pacing us, handled by its retry-after
+                    replica_failed = isinstance(exc, ReplicaFailed)  # the pool took it out; another replica is ready
+                    if exc.upstream_status != 429 and not replica_failed:  # a 429 is the provider pacing us
                         await self.health.record_failure(target.upstream, config.cooldown_after, config.cooldown_s)
                     limits = parse_provider_limits(exc.upstream_headers or {})
                     self.health.learn(target.upstream, limits)
                     if not (request_budget.allow() and all(b.allow() for b in shared)):
                         break
+                    if replica_failed:
+                        continue
                     delay = retry_delay(number, limits, base_s=config.base_s, cap_s=config.cap_s, rng=self._rng)
                     if time.monotonic() + delay >= ctx.deadline:
                         break  # waiting would overrun the deadline: fail over, or give up now

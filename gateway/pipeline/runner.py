@@ -32,11 +32,12 @@ from gateway.pipeline.prompt_size import PromptSize
 from gateway.pipeline.retry import Retrier
 from gateway.pipeline.usage_estimate import estimate_usage
 from gateway.routing.policy import Route
+from gateway.routing.prefix_blocks import prompt_text
 from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest, RuntimePolicy
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
-from gateway.upstreams.base import Upstream, UpstreamStream
+from gateway.upstreams.base import PoolRequest, Upstream, UpstreamStream
 from gateway.upstreams.registry import UpstreamRegistry
 from gateway.upstreams.translate import error_from_reply
 from gateway.verify.signals import Verifier
@@ -223,23 +224,32 @@ class Pipeline:
     def failover_targets(self, policy: RuntimePolicy, first: ModelTarget) -> list[ModelTarget]:
         return [first, *(policy.targets[name] for name in policy.policy.models[first.name].fallbacks)]
 
-    async def attempt(self, ctx: RequestContext, send: Callable[[ModelTarget, bytes], Awaitable[T]],
+    def pool_request(self, ctx: RequestContext, target: ModelTarget, can_spill: bool) -> PoolRequest | None:
+        """What a vLLM pool places the request by: its prompt, the tenant's salt (as
+        `steer` sends it), its deadline, and whether a fallback can take it instead."""
+        if target.upstream_kind != "vllm":
+            return None
+        salt = self.parts.salts.cache_salt(cache_scope(ctx.policy, ctx.tenant))
+        return PoolRequest(ctx.tenant, prompt_text(ctx.endpoint, ctx.body), salt, ctx.deadline, can_spill)
+
+    async def attempt(self, ctx: RequestContext, send: Callable[[ModelTarget, bytes, PoolRequest | None], Awaitable[T]],
                       first: ModelTarget | None = None) -> T:
         """Every upstream attempt goes through the retry module; attempts after the
         first are covered by a budget hold first (a pricier fallback, or a retry
         after an attempt that may have been billed, needs more held)."""
         policy = ctx.policy
+        targets = self.failover_targets(policy, first or ctx.targets[0])
+        if ctx.endpoint in messages.ENDPOINTS:  # a Messages body goes only where the Messages API is spoken
+            targets = messages.native_targets(ctx.requested_model, targets)
 
         async def covered(target: ModelTarget) -> T:
             if ctx.attempts:
                 await self.accounting.cover(ctx, policy, target)
             self.accounting.backlog.soon()  # earlier answers' books, while this one is on the wire
             await self.parts.admission.pace_upstream(ctx, policy, target)
-            return await send(target, self.prepare_upstream_body(ctx, target))
+            pool = self.pool_request(ctx, target, can_spill=target is not targets[-1])
+            return await send(target, self.prepare_upstream_body(ctx, target), pool)
 
-        targets = self.failover_targets(policy, first or ctx.targets[0])
-        if ctx.endpoint in messages.ENDPOINTS:  # a Messages body goes only where the Messages API is spoken
-            targets = messages.native_targets(ctx.requested_model, targets)
         return await self.parts.retrier.call(ctx, targets, policy.policy.defaults.retry, covered)
 
     def upstream_for(self, ctx: RequestContext, target: ModelTarget) -> Upstream:
@@ -260,8 +270,8 @@ class Pipeline:
                                            "x-gateway-upstream": target.upstream})
 
     async def call(self, ctx: RequestContext) -> JsonReply:
-        async def send(target: ModelTarget, payload: bytes) -> tuple[dict[str, Any], bytes]:
-            return await forward.send_once(ctx, self.upstream_for(ctx, target), target, payload)
+        async def send(target: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[dict[str, Any], bytes]:
+            return await forward.send_once(ctx, self.upstream_for(ctx, target), target, payload, pool)
 
         body, raw = await self.attempt(ctx, send)
         await self.finish(ctx, 200)
@@ -287,8 +297,8 @@ class Pipeline:
         ctx.buffered = ctx.stream
 
         async def attempt_on(target: ModelTarget) -> tuple[dict[str, Any], bytes]:
-            async def send(t: ModelTarget, payload: bytes) -> tuple[dict[str, Any], bytes]:
-                return await forward.send_once(ctx, self.parts.upstreams.get(t.upstream), t, payload)
+            async def send(t: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[dict[str, Any], bytes]:
+                return await forward.send_once(ctx, self.parts.upstreams.get(t.upstream), t, payload, pool)
 
             return await self.attempt(ctx, send, first=target)
 
@@ -307,8 +317,8 @@ class Pipeline:
         return StreamReply(_replay(stream_from_completion(result.body, include_usage=ctx.client_wants_usage)), out)
 
     async def call_streaming(self, ctx: RequestContext) -> StreamReply:
-        async def send(target: ModelTarget, payload: bytes) -> tuple[Attempt, UpstreamStream]:
-            return await forward.open_stream(ctx, self.upstream_for(ctx, target), target, payload)
+        async def send(target: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[Attempt, UpstreamStream]:
+            return await forward.open_stream(ctx, self.upstream_for(ctx, target), target, payload, pool)
 
         attempt, stream = await self.attempt(ctx, send)
         secrets = self.parts.upstreams.get(attempt.target.upstream).secrets

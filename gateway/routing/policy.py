@@ -60,6 +60,29 @@ class TenantLimits(RateLimits):
     max_wait_s: Annotated[float, Field(ge=0, le=600)] = Field(default=5.0, description="longest a request waits for capacity")
 
 
+class PoolSettings(Strict):
+    """kind vllm: how requests are placed on the pool's replicas (routing/replica_choice.py)."""
+
+    block_size: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        default=None, description="tokens per KV block; default: the replicas' vllm:cache_config_info, else 16")
+    kv_blocks: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="KV blocks per replica, the size of the router's prefix index; default: vllm:cache_config_info num_gpu_blocks")
+    max_num_seqs: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="requests a replica runs at once (its --max-num-seqs); default: learned from its metrics once it queues")
+    load_factor: Annotated[float, Field(ge=1, le=10)] = Field(
+        default=1.5, description="a replica takes at most this times the pool's average load while others have room")
+    home_share_factor: Annotated[float, Field(ge=1, le=10)] = Field(
+        default=1.3, description="prefixes get home replicas so that none has more than this times the average recent traffic")
+    max_kv_usage: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=0.95, description="a replica using more of its KV cache than this takes new requests only when all do")
+    max_queue_wait_s: Annotated[float, Field(gt=0, le=3600)] | None = Field(
+        default=None, description="spill to the model's fallbacks when the predicted queue wait is longer; default: only past the deadline")
+    scrape_interval_s: Annotated[float, Field(ge=0.05, le=60)] = Field(
+        default=1.0, description="how often each replica's /health and /metrics are read")
+    eject_after_errors: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=3, description="consecutive 5xx answers that take a replica out until /health says it is back")
+
+
 class Upstream(Strict):
     kind: Literal["openai", "vllm", "anthropic"] = Field(description="anthropic: base_url as in the anthropic SDK, without /v1")
     base_url: HttpUrl | None = None
@@ -84,6 +107,7 @@ class Upstream(Strict):
         default=32 * 1024 * 1024, description="a non-streamed answer larger than this is refused (502), never asked for again")
     max_event_bytes: Annotated[int, Field(ge=1024)] = Field(
         default=1024 * 1024, description="one streamed event larger than this ends the stream (502 before it starts)")
+    pool: PoolSettings | None = Field(default=None, description="kind vllm: replica choice, health and spill-over")
 
     @model_validator(mode="after")
     def _one_address(self) -> Upstream:
@@ -91,9 +115,14 @@ class Upstream(Strict):
             raise ValueError("give exactly one of `base_url` or `replicas`")
         if self.replicas is not None and self.kind != "vllm":
             raise ValueError("`replicas` is only for `kind: vllm`")
+        if self.pool is not None and self.kind != "vllm":
+            raise ValueError("`pool` is only for `kind: vllm`")
         if self.client_key is not None and self.client_cert is None:
             raise ValueError("`client_key` needs `client_cert`")
         return self
+
+    def pool_settings(self) -> PoolSettings:
+        return self.pool if self.pool is not None else PoolSettings()
 
     def urls(self) -> list[str]:
         urls = self.replicas if self.replicas is not None else [self.base_url]

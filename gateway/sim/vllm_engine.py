@@ -78,9 +78,15 @@ class VllmEngine:
     def __init__(self, config: VllmSimConfig) -> None:
         self.config = config
         self.stats = VllmSimStats()
-        self.metrics = VllmMetrics(config.names[0])
+        self.metrics = self._new_metrics()
         self.cache = self._new_cache()
         self.scheduler = Scheduler(config.max_num_seqs)
+
+    def _new_metrics(self) -> VllmMetrics:
+        cfg = self.config
+        metrics = VllmMetrics(cfg.names[0])
+        metrics.set_cache_config(cfg.block_size, cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        return metrics
 
     def _new_cache(self) -> PrefixCache:
         cfg = self.config
@@ -97,11 +103,12 @@ class VllmEngine:
                 return False
             self.cache = self._new_cache()
         self.cache.enabled = cfg.enable_prefix_caching
+        self.metrics.set_cache_config(cfg.block_size, cfg.num_gpu_blocks, cfg.enable_prefix_caching)
         return True
 
     def reset(self) -> None:
         self.stats = VllmSimStats()
-        self.metrics = VllmMetrics(self.config.names[0])
+        self.metrics = self._new_metrics()
         self.cache.reset()
 
     def snapshot(self) -> dict[str, Any]:

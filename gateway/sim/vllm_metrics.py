@@ -14,6 +14,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 LABELS = ("model_name", "engine")
 FINISHED_REASONS = ("stop", "length", "abort")
+CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "enable_prefix_caching", "engine", "gpu_memory_utilization", "num_cpu_blocks",
+                       "num_gpu_blocks", "prefix_caching_hash_algo")
 
 
 class VllmMetrics:
@@ -47,7 +49,18 @@ class VllmMetrics:
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS).labels(**labels)
         self.queue_time = histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_BUCKETS).labels(**labels)
         self.prefill_time = histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", REQUEST_BUCKETS).labels(**labels)
+        # An info gauge, as vLLM's: value 1, the KV cache's configuration in its labels.
+        self._cache_config = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", CACHE_CONFIG_LABELS,
+                                   registry=self.registry, multiprocess_mode="mostrecent")
         self.decode_time = histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_BUCKETS).labels(**labels)
+
+    def set_cache_config(self, block_size: int, num_gpu_blocks: int, enable_prefix_caching: bool) -> None:
+        self._cache_config.clear()
+        self._cache_config.labels(
+            block_size=str(block_size), cache_dtype="auto", enable_prefix_caching=str(enable_prefix_caching), engine="0",
+            gpu_memory_utilization="0.9", num_cpu_blocks="None", num_gpu_blocks=str(num_gpu_blocks),
+            prefix_caching_hash_algo="sha256",
+        ).set(1)
 
     def finished(self, reason: str) -> None:
         self.success[reason if reason in self.success else "stop"].inc()

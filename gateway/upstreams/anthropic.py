@@ -20,7 +20,7 @@ import orjson
 from gateway.errors import InvalidRequest
 from gateway.routing.policy import Upstream as UpstreamConfig
 from gateway.upstreams.anthropic_translate import chat_to_messages, error_to_openai, message_to_chat
-from gateway.upstreams.base import UpstreamReply
+from gateway.upstreams.base import PoolRequest, UpstreamReply
 from gateway.upstreams.http import HttpStream, HttpUpstream
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -38,9 +38,10 @@ class AnthropicUpstream(HttpUpstream):
         if key:
             self._headers["x-api-key"] = key
 
-    async def send(self, path: str, body: bytes, timeout_s: float, headers: Mapping[str, str] | None = None) -> UpstreamReply:
+    async def send(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None, *,
+                   headers: Mapping[str, str] | None = None) -> UpstreamReply:
         if path in NATIVE_PATHS:
-            return _with_request_id(await super().send("/v1" + path, body, timeout_s, headers))
+            return _with_request_id(await super().send("/v1" + path, body, timeout_s, headers=headers))
         if path != "/chat/completions":
             raise InvalidRequest(f"upstream `{self.name}` (kind: anthropic) serves chat completions only")
         request = orjson.loads(body)
@@ -58,10 +59,10 @@ class AnthropicUpstream(HttpUpstream):
         headers = {**reply.headers, "x-request-id": reply.headers.get("request-id", "")}
         return UpstreamReply(200, headers, orjson.dumps(message_to_chat(message, int(time.time()))), reply.replica)
 
-    async def open_stream(self, path: str, body: bytes, timeout_s: float,
+    async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None, *,
                           headers: Mapping[str, str] | None = None) -> HttpStream:
         if path in NATIVE_PATHS:
-            stream = await super().open_stream("/v1" + path, body, timeout_s, headers)
+            stream = await super().open_stream("/v1" + path, body, timeout_s, headers=headers)
             stream.headers.setdefault("x-request-id", stream.headers.get("request-id", ""))
             return stream
         raise InvalidRequest(f"streaming is not supported yet for upstream `{self.name}` (kind: anthropic); send stream: false")

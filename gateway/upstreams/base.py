@@ -16,6 +16,19 @@ class StreamBroken(Exception):
         self.deadline = deadline
 
 
+@dataclass(frozen=True, slots=True)
+class PoolRequest:
+    """What a self-hosted pool needs to place a request on a replica (upstreams of other
+    kinds are sent none): the prompt as the replica will prefill it, the tenant's
+    `cache_salt`, the deadline, and whether the model has a fallback to spill to."""
+
+    tenant: str
+    prompt: str
+    salt: str
+    deadline: float  # monotonic
+    can_spill: bool = False
+
+
 @dataclass(slots=True)
 class UpstreamReply:
     status: int
@@ -42,12 +55,12 @@ class Upstream(Protocol):
     kind: str
     secrets: tuple[str, ...]  # credential values to scrub from any message we relay
 
-    async def send(self, path: str, body: bytes, timeout_s: float) -> UpstreamReply:
+    async def send(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> UpstreamReply:
         """The whole reply, within `timeout_s` (enforced here: the pipeline sets no timer
-        of its own around it), else UpstreamTimeout."""
+        of its own around it), else UpstreamTimeout. A pool may instead raise PoolSpill."""
         ...
 
-    async def open_stream(self, path: str, body: bytes, timeout_s: float) -> UpstreamStream:
+    async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> UpstreamStream:
         """The reply's status and headers, then its body as it arrives, all within
         `timeout_s` (enforced here, as for `send`): past it the connection is dropped and
         `aiter_raw` raises StreamBroken with `deadline` set, or this raises UpstreamTimeout."""

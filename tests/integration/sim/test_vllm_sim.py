@@ -126,6 +126,20 @@ def test_metrics_use_vllm_names_and_labels(start_vllm: Callable[..., RunningVllm
     assert m["vllm:e2e_request_latency_seconds_count"] == 2
 
 
+def test_cache_config_info_gives_the_kv_geometry_a_router_sizes_its_index_by(start_vllm: Callable[..., RunningVllm]) -> None:
+    from gateway.upstreams.pool_metrics import parse_replica_metrics
+
+    sim = start_vllm(num_gpu_blocks=640, block_size=32)
+    info = [f for f in text_string_to_metric_families(httpx.get(f"{sim.url}/metrics").text) if f.name == "vllm:cache_config_info"]
+    assert len(info) == 1 and info[0].samples[0].value == 1
+    labels = info[0].samples[0].labels
+    assert (labels["block_size"], labels["num_gpu_blocks"], labels["enable_prefix_caching"]) == ("32", "640", "True")
+    parsed = parse_replica_metrics(httpx.get(f"{sim.url}/metrics").text)
+    assert (parsed.block_size, parsed.num_gpu_blocks) == (32, 640)
+    httpx.post(f"{sim.url}/sim/config", json={"num_gpu_blocks": 128}).raise_for_status()
+    assert parse_replica_metrics(httpx.get(f"{sim.url}/metrics").text).num_gpu_blocks == 128
+
+
 def test_streaming_client_disconnect_aborts_the_request(start_vllm: Callable[..., RunningVllm]) -> None:
     sim = start_vllm(decode_s_per_token=0.05)
     with httpx.stream("POST", f"{sim.url}/v1/chat/completions", timeout=10,
