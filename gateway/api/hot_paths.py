@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
@@ -145,22 +145,22 @@ async def stream(reply: StreamReply, send: Send, *, anthropic: bool = False) -> 
     chunks = reply.chunks
     try:
         try:
-            first = await anext(chunks, b"")
+            chunk = await anext(chunks, None)
         except GatewayError as exc:
             await send_error(send, exc, anthropic=anthropic)
             return
         await send({"type": "http.response.start", "status": 200, "headers": [*STREAM_HEADERS, *_encoded(reply.headers)]})
-        last = b""  # the events ending in [DONE]: they go out with the body's end, in one write
-        pending = [first] if first else []
-        async for chunk in _chain(pending, chunks):
-            if last:
-                await send({"type": "http.response.body", "body": last, "more_body": True})
+        held = b""  # the events ending in [DONE]: they go out with the body's end, in one write
+        while chunk is not None:
+            if held:
+                await send({"type": "http.response.body", "body": held, "more_body": True})
             if chunk.endswith(DONE_EVENT):
-                last = chunk
+                held = chunk
             else:
-                last = b""
+                held = b""
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": last})
+            chunk = await anext(chunks, None)
+        await send({"type": "http.response.body", "body": held})
     except Exception as exc:
         log.warning("stream relay failed: %s", exc)
     finally:
@@ -168,13 +168,6 @@ async def stream(reply: StreamReply, send: Send, *, anthropic: bool = False) -> 
         if aclose is not None:
             with contextlib.suppress(Exception):
                 await aclose()
-
-
-async def _chain(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    for chunk in first:
-        yield chunk
-    async for chunk in rest:
-        yield chunk
 
 
 class HangUpWatch:
