@@ -1,23 +1,19 @@
 """create_app(settings): the ASGI app uvicorn serves.
 
 It owns the lifespan (the services are built at start-up and closed at shutdown) and
-sends each request where it belongs: the hot paths (chat, completions, embeddings) and
-liveness are answered here, every other route by the framework app. Importing the
-framework and building its routes is about a third of `gateway serve`'s start-up CPU,
-and no model call needs it, so it is built in a thread once start-up is complete: the
-gateway answers model calls meanwhile, and a request for another route waits for it."""
+sends each request where it belongs: the model-call paths (`api/hot_paths.py`: they only
+move bytes between the client and the pipeline) and liveness are answered here, every
+other route by the framework app, built at start-up."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import logging
 import os
 import traceback
 from typing import TYPE_CHECKING
 
 from gateway.api.hot_paths import HOT, ASGIApp, HotPaths, Receive, Scope, Send, hot_endpoint, send_error, send_whole
-from gateway.errors import GatewayError, MethodNotAllowed
+from gateway.errors import MethodNotAllowed
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.supervision import stop_with_supervisor
@@ -28,7 +24,6 @@ if TYPE_CHECKING:
 LIVE = b'{"status":"ok"}'
 # The paths answered here, not by the framework, and the methods they take.
 OWN_METHODS = {"/healthz": ("GET", "HEAD"), **{path: ("POST",) for path in HOT}}
-log = logging.getLogger("gateway.api")
 
 
 class GatewayApp:
@@ -36,7 +31,7 @@ class GatewayApp:
         self.settings = settings
         self.catalog = catalog
         self._hot: HotPaths | None = None  # from start-up on
-        self._framework: asyncio.Future[ASGIApp] | None = None
+        self._framework: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -58,13 +53,7 @@ class GatewayApp:
                 return
         if self._framework is None:
             raise RuntimeError("the gateway serves requests only after its lifespan start-up")
-        try:
-            framework = await asyncio.shield(self._framework)
-        except Exception:
-            log.exception("the app for %s could not be built", scope.get("path"))
-            await send_error(send, GatewayError("the gateway hit an internal error; it has been logged"))
-            return
-        await framework(scope, receive, send)
+        await self._framework(scope, receive, send)
 
     def _request_id(self) -> str:
         assert self._hot is not None, "served only after start-up"
@@ -80,8 +69,14 @@ class GatewayApp:
             services.start_background()
             try:
                 self._hot = HotPaths(services)
-                self._framework = asyncio.get_running_loop().run_in_executor(None, _framework_for, services)
-                self._framework.add_done_callback(_freeze_start_up_objects)
+                # Imported here: the CLI's other commands import this module without serving.
+                from gateway.api.framework import build_framework
+
+                self._framework = build_framework(services)
+                # What start-up built (modules, policy, price map, routes) lives as long as
+                # the process: frozen, the cyclic collector's full passes skip it instead of
+                # stalling every call in flight (bench/gc_pauses.py).
+                gc.freeze()
                 await send({"type": "lifespan.startup.complete"})
                 started = True
                 await receive()  # lifespan.shutdown
@@ -93,23 +88,6 @@ class GatewayApp:
             await send({"type": f"lifespan.{phase}.failed", "message": traceback.format_exc()})
             raise
         await send({"type": "lifespan.shutdown.complete"})
-
-
-def _freeze_start_up_objects(_: object) -> None:
-    """What start-up built (modules, the policy, price map, framework: ~87,000 objects)
-    lives as long as the process. Frozen, the cyclic collector's full collections no
-    longer walk it: one took 60-70 ms, every call in flight stalled, every 10-20 s at
-    c=16 (bench/gc_pauses.py), and walks under a thousand objects frozen. Run once the
-    framework app is built, the last of start-up."""
-    gc.freeze()
-
-
-def _framework_for(services: Services) -> ASGIApp:
-    # Imported here, in the thread that builds it, to keep the framework off start-up.
-    from gateway.api.framework import build_framework
-
-    app: ASGIApp = build_framework(services)
-    return app
 
 
 def create_app(settings: Settings | None = None, catalog: PriceCatalog | None = None) -> GatewayApp:

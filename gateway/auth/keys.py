@@ -2,12 +2,7 @@
 
 A presented key is hashed and looked up by digest, then compared with
 `hmac.compare_digest`; the lookup's timing depends only on the digest, which reveals
-nothing usable about any stored key. A key found valid is remembered (in this process,
-for the policy's life: at most one entry per key in the policy), so that its next
-requests skip the hash: hashing is cheap when hot, but the first hash of a request,
-with the CPU's caches cold from the wait between requests, cost ~18 us of a call's
-path at one call at a time. The remembered keys are looked up in a dict whose string
-hashing is keyed per process, so a presented key's timing still says nothing usable.
+nothing usable about any stored key. Raw keys are never kept, not even in memory.
 """
 
 from __future__ import annotations
@@ -55,15 +50,10 @@ class KeyIndex:
         for tenant, digests in digests_by_tenant.items():
             for digest in digests:
                 self._owners[digest] = (digest, KeyOwner(tenant, key_id(digest)))
-        self._known: dict[str, KeyOwner] = {}  # keys found valid; never more than the policy's
 
     def lookup(self, raw_key: str) -> KeyOwner | None:
-        owner = self._known.get(raw_key)
-        if owner is not None:
-            return owner
         digest = key_digest(raw_key)
         found = self._owners.get(digest)
         if found is None or not hmac.compare_digest(found[0], digest):
             return None
-        self._known[raw_key] = found[1]  # one key per digest: bounded by the policy's keys
         return found[1]
