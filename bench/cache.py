@@ -47,7 +47,7 @@ from bench.gwstack import (
 from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import percentile
 from bench.workload import WORDS
-from gateway.accounting.tokens import count_chat_tokens
+from gateway.tokens.counting import count_chat_tokens
 
 REQUEST_TIMEOUT_S = 60.0
 SETTLE_S = 1.0  # lets the ledger's group-commit writer book the last requests before /admin/costs is read

@@ -31,12 +31,13 @@ def measure(number: int, repeat: int) -> dict[str, float]:
 
     from gateway.accounting import ledger
     from gateway.accounting.native import Native
-    from gateway.caching.response_cache import CachePlan
-    from gateway.pipeline.context import Attempt, RequestContext, Usage
     from gateway.pipeline.observe import record_request
+    from gateway.request_context import Attempt, RequestContext
     from gateway.routing.resolved import ModelTarget
     from gateway.telemetry.metrics import Metrics
     from gateway.telemetry.timeline import Timeline
+    from gateway.types.cache import CachePlan
+    from gateway.types.usage import Usage
 
     def best(fn: Any) -> float:
         return round(min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6, 2)

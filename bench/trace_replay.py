@@ -58,7 +58,7 @@ from bench.placement import Placement
 from bench.report import add_output_options, args_config, markdown_table, run_header, write_json
 from bench.stats import percentile
 from bench.workload import WORDS
-from gateway.accounting.tokens import count_chat_tokens
+from gateway.tokens.counting import count_chat_tokens
 
 DEFAULT_TRACE = Path("/work/shared/traces/azure_llm_2023_conv.csv")
 SCENARIOS = ("baseline", "overload", "storm")

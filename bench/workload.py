@@ -56,6 +56,6 @@ def responses_body(stream: bool, words: int = PROMPT_WORDS) -> bytes:
 
 def prompt_tokens() -> int:
     """The gateway's own estimate of the prompt (o200k_base plus chat framing)."""
-    from gateway.accounting.tokens import count_chat_tokens
+    from gateway.tokens.counting import count_chat_tokens
 
     return count_chat_tokens(orjson.loads(chat_body(False))["messages"], "o200k_base")

@@ -132,7 +132,7 @@ def check_policy(path: str) -> int:
 def checked_catalog(path: str) -> PriceCatalog | None:
     """`check_policy`, keeping the price catalog it read; None (after printing the
     problems) when the policy or the pricing files are invalid."""
-    from gateway.accounting.prices import PriceCatalog, PricingInvalid
+    from gateway.accounting.prices import PriceCatalog, PricingInvalid, every_model_priced
 
     try:
         catalog = PriceCatalog.load(default_pricing_dir())
@@ -140,7 +140,7 @@ def checked_catalog(path: str) -> PriceCatalog | None:
         print("\n".join(exc.problems), file=sys.stderr)
         return None
     try:
-        policy = load_policy_file(path, catalog)
+        policy = load_policy_file(path, every_model_priced(catalog))
     except PolicyInvalid as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

@@ -19,11 +19,10 @@ from sqlalchemy import Engine, text
 from gateway.accounting.books import Accounting
 from gateway.accounting.database import maintain_indexes, make_engine, migrate
 from gateway.accounting.ledger import Ledger
-from gateway.accounting.prices import PriceCatalog
+from gateway.accounting.prices import PriceCatalog, every_model_priced
 from gateway.accounting.responses_store import ResponseStore
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskStore
-from gateway.accounting.tokens import Tokenizers
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.admission.buckets import Buckets, InProcessBuckets
 from gateway.admission.gate import AdmissionGate
@@ -41,6 +40,7 @@ from gateway.routing.reload import PolicyHolder
 from gateway.settings import Settings
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
+from gateway.tokens.counting import Tokenizers
 from gateway.upstreams.health import UpstreamHealth
 from gateway.upstreams.pool_monitor import PoolMonitor
 from gateway.upstreams.pool_share import SharedHomes
@@ -82,11 +82,11 @@ class Services:
         upstreams = UpstreamRegistry()
         policies = PolicyHolder(
             settings.gateway_policy,
-            catalog=catalog,
+            check=every_model_priced(catalog),
             on_swap=lambda runtime: upstreams.sync(runtime.policy),
             on_result=lambda result: metrics.policy_reloads.labels(result).inc(),
         )
-        # Most requests never need a counted prompt (pipeline/prompt_size.py); where the
+        # Most requests never need a counted prompt (tokens/prompt_size.py); where the
         # policy makes counting routine, load the encodings now, off the start-up path.
         tokenizers = Tokenizers()
         if policies.current.needs_token_counts():

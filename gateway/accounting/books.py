@@ -15,19 +15,21 @@ import orjson
 from sqlalchemy import Engine, bindparam, text
 
 from gateway.accounting.headroom import Headroom
-from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger, OrphanEstimate, TypicalCall, as_datetime, expiry
+from gateway.accounting.ledger import HoldRequest, Ledger, OrphanEstimate, TypicalCall, as_datetime, expiry
 from gateway.accounting.money import pico_from_usd
 from gateway.accounting.prices import PriceCatalog, PriceQuote
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskInfo, TaskStore
 from gateway.accounting.writer import LedgerUnavailable
-from gateway.caching.response_cache import CachedAnswer
+from gateway.deferred_work import Backlog
 from gateway.errors import BudgetExceeded, GatewayError, NotFound
-from gateway.pipeline.backlog import Backlog
-from gateway.pipeline.context import Attempt, RequestContext, Usage
-from gateway.pipeline.prompt_size import PromptSize
+from gateway.request_context import Attempt, RequestContext
 from gateway.routing.policy import Budget
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
+from gateway.tokens.prompt_size import PromptSize
+from gateway.types.budget import BudgetClaim, Hold
+from gateway.types.cache import CachedAnswer
+from gateway.types.usage import Usage
 
 # Attempts that reached the provider but whose usage never arrived may still be billed.
 log = logging.getLogger("gateway.ledger")
@@ -65,7 +67,7 @@ class Accounting:
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
         self.headroom = Headroom()
-        self.backlog = Backlog()  # answered calls waiting to be booked (pipeline/backlog.py)
+        self.backlog = Backlog()  # answered calls waiting to be booked (deferred_work.py)
         self._pending: set[asyncio.Future[bool]] = set()  # settlements committing in the background
         self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
 
@@ -125,7 +127,7 @@ class Accounting:
     async def cover(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> None:
         """Before an attempt on `target`: make the holds cover its worst case plus what
         earlier attempts cost (their real cost, or their worst case while unknown).
-        The prompt is sized by its bound for any tokenizer (accounting/prompt_bound.py),
+        The prompt is sized by its bound for any tokenizer (tokens/prompt_bound.py),
         and refused at that size if it does not fit; where the provider counts with the
         gateway's tokenizer, by the count instead once the budget nears its end
         (accounting/headroom.py). A request no budget limits gets a hold all the same,
@@ -308,7 +310,7 @@ class Accounting:
             log.error("background booking of %s failed", request_id, exc_info=error)
 
     async def book_answered(self) -> bool:
-        """Book the calls this process has answered but not yet booked (pipeline/backlog.py),
+        """Book the calls this process has answered but not yet booked (deferred_work.py),
         so their holds give back what they did not spend: a client calling one call after
         another must not be refused for its previous call's hold. Whether there were any."""
         if not (len(self.backlog) or self._pending):

@@ -1,6 +1,6 @@
 """What each budget had left when this process last held against it.
 
-A hold is sized from the prompt's bound for any tokenizer (accounting/prompt_bound.py).
+A hold is sized from the prompt's bound for any tokenizer (tokens/prompt_bound.py).
 Where the provider counts with the gateway's tiktoken encoding, that is needed only
 while the budget has room for many such holds: an over-sized hold is released at
 settle and can only refuse somebody when the budget is nearly spent. Near the end - or
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gateway.accounting.ledger import BudgetClaim
+from gateway.types.budget import BudgetClaim
 
 # Hold against the bound only while the budget could take this many such holds.
 AMPLE_HOLDS = 1000

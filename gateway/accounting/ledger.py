@@ -26,6 +26,7 @@ from gateway.accounting.native import Native, Row, Staged, insert_sql
 from gateway.accounting.tables import reservations, usage_events
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, Refusal
 from gateway.errors import BudgetExceeded, NotReady
+from gateway.types.budget import BudgetClaim, Hold
 
 ENSURE_BUDGET = (
     "INSERT INTO budgets (id, scope, period_start, limit_pico, reserved_pico, spent_pico, calls_used, tokens_reserved, tokens_used)"
@@ -110,28 +111,6 @@ ORPHAN_EVENT_FIELDS = ("request_id", "tenant", "key_id", "task_id", "endpoint", 
 AHEAD = "ahead_"
 # PostgreSQL, the common settlement (one hold, one event) in one round trip.
 BOOK_END_AND_SPEND = f"WITH booked AS ({INSERT_EVENT} RETURNING 1), {END_AND_SPEND.removeprefix('WITH ')}"
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetClaim:
-    """A budget a request draws on. `limit_pico` None: use the row's own (tasks)."""
-
-    budget_id: str
-    scope: str
-    label: str  # for messages: "tenant `acme` (month 2026-11)"
-    period_start: str = ""
-    limit_pico: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    id: str
-    amount_pico: int
-    tokens: int
-    budget_ids: tuple[str, ...]
-    # The least any money-limited claim had left once this hold was in (limit - spent -
-    # reserved); None when no claim has a money limit. Known when the hold was made.
-    headroom_pico: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

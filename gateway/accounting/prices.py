@@ -17,7 +17,6 @@ from fractions import Fraction
 from functools import lru_cache
 from math import ceil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gateway.accounting.money import PICO_PER_USD, usd
 from gateway.accounting.price_sources import (
@@ -29,18 +28,17 @@ from gateway.accounting.price_sources import (
     installed_litellm_price_map,
     read_pricing_dir,
 )
-from gateway.routing.loader import PolicyInvalid, load_policy_file
+from gateway.routing.loader import PolicyCheck, PolicyInvalid, PolicyProblem, load_policy_file
 from gateway.routing.policy import Policy, Price
-
-if TYPE_CHECKING:
-    # Type-only: the pipeline imports accounting, not the other way round at run time.
-    from gateway.pipeline.context import Usage
+from gateway.types.usage import Usage
+from gateway.yaml_lines import Loc
 
 __all__ = [
     "PICO_PER_USD",
     "PriceCatalog",
     "PriceQuote",
     "PricingInvalid",
+    "every_model_priced",
     "missing_prices",
     "show_price",
     "usd",
@@ -274,6 +272,18 @@ def missing_prices(policy: Policy, catalog: PriceCatalog, at: datetime) -> list[
     """Models in the policy with no price from any source: each is a policy error,
     since every model can be routed to and would be served unbilled."""
     return [name for name, m in policy.models.items() if catalog.quote(name, m.upstream_model, m.price, at) is None]
+
+
+def every_model_priced(catalog: PriceCatalog) -> PolicyCheck:
+    """The policy check (routing/loader.py) that every model has a price in `catalog`."""
+    def check(policy: Policy, source: str) -> list[tuple[Loc, str]]:
+        try:
+            unpriced = missing_prices(policy, catalog, datetime.now(UTC))
+        except PricingInvalid as exc:  # litellm's map, read now that a model needs it, is unreadable
+            raise PolicyInvalid([PolicyProblem(source, None, "models", problem) for problem in exc.problems]) from exc
+        return [(("models", name), f"model `{name}` has no price: add `price:` here, or an entry in pricing/*.yaml "
+                 "(litellm's price map does not know it either)") for name in unpriced]
+    return check
 
 
 def show_price(model: str, policy_path: str | None, pricing_dir: Path, at: datetime | None = None) -> tuple[int, str]:

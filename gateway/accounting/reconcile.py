@@ -23,15 +23,13 @@ price, and any cost left over beyond a tolerance is `price drift`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time
-from typing import Any
 
 from sqlalchemy import Engine, Integer, case, distinct, func, literal_column, select
 from sqlalchemy.sql.expression import ColumnElement, FromClause
 
-from gateway.accounting.money import usd
 from gateway.accounting.price_sources import LitellmMap
 from gateway.accounting.prices import PriceCatalog, PriceQuote
 from gateway.accounting.reconcile_explain import (
@@ -49,22 +47,25 @@ from gateway.accounting.reconcile_explain import (
     cost_at,
     explain,
 )
-from gateway.accounting.reconcile_render import render
+from gateway.accounting.reconcile_report import (
+    DEFAULT_COST_TOLERANCE_PICO,
+    MATCHED,
+    ReconciliationReport,
+    ReconciliationRow,
+    Window,
+)
 from gateway.accounting.tables import reservations, usage_events
 from gateway.routing.policy import Policy
 
-# The reasons and amounts are defined in reconcile_explain.py; callers take them from here.
+# The reasons and amounts are defined in reconcile_explain.py, the report in
+# reconcile_report.py; callers take them from here.
 __all__ = [
     "CANCELLED", "DEFAULT_COST_TOLERANCE_PICO", "MATCHED", "MISSING_AT_GATEWAY", "MISSING_AT_PROVIDER", "PENDING",
     "PRICE_DRIFT", "REASONS", "RETRIED", "UNCONFIRMED", "Amounts", "Explanation", "ImportFailed", "ProgressCallback",
     "ProviderUsage", "ReconciliationReport", "ReconciliationRow", "Window", "aggregate_ledger", "merge_rows", "reconcile",
 ]
 
-MATCHED = "matched"
 CUT_SHORT = frozenset({"cancelled", "timeout", "cut"})
-# A thousandth of a micro-dollar per group: far above float noise in a provider's USD
-# amounts, far below anything finance would chase.
-DEFAULT_COST_TOLERANCE_PICO = 1_000
 _SNAPSHOT = re.compile(r"^(.+)-(\d{4}-\d{2}-\d{2}|\d{4})$")  # gpt-4o-mini-2024-07-18, gpt-4-0613
 
 EVENTS = usage_events
@@ -122,103 +123,6 @@ def merge_rows(rows: Iterable[ProviderUsage]) -> list[ProviderUsage]:
             cost_pico=_add(seen.cost_pico, row.cost_pico),
         )
     return sorted(merged.values(), key=lambda r: (r.day, r.model, r.key_id or ""))
-
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """[start, end) in UTC. Whole days (a usage report) compare day by day; a shorter
-    window (two metric scrapes) compares as one period dated by its start."""
-
-    start: datetime
-    end: datetime
-    whole_days: bool
-
-    @classmethod
-    def of(cls, since: date | datetime, until: date | datetime) -> Window:
-        whole = not isinstance(since, datetime) and not isinstance(until, datetime)
-        start, end = _utc(since), _utc(until)
-        if end <= start:
-            raise ValueError(f"the window is empty: {start.isoformat()} is not before {end.isoformat()}")
-        return cls(start, end, whole)
-
-    def day_of(self, day: date) -> date:
-        return day if self.whole_days else self.start.date()
-
-    def covers(self, day: date) -> bool:
-        return self.start.date() <= day < self.end.date() if self.whole_days else True
-
-
-@dataclass(frozen=True, slots=True)
-class ReconciliationRow:
-    day: date
-    model: str
-    key_id: str | None
-    ledger: Amounts
-    provider: Amounts
-    explanations: tuple[Explanation, ...]
-    attempts: Mapping[str, int]
-    in_ledger: bool
-    at_provider: bool
-    not_reported: tuple[str, ...] = ()  # fields the source does not report; taken as equal
-    provider_cost_estimated: bool = False  # the source reports no cost: its tokens at the gateway's price
-
-    @property
-    def difference(self) -> Amounts:
-        return self.provider - self.ledger
-
-    @property
-    def matched(self) -> bool:
-        return not self.explanations
-
-    @property
-    def reasons(self) -> list[str]:
-        return [e.reason for e in self.explanations] or [MATCHED]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "day": self.day.isoformat(), "model": self.model, "key_id": self.key_id, "status": MATCHED if self.matched else "different",
-            "ledger": self.ledger.as_json(), "provider": self.provider.as_json(), "difference": self.difference.as_json(),
-            "reasons": [e.as_json() for e in self.explanations], "ledger_attempts": dict(self.attempts),
-            "in_ledger": self.in_ledger, "at_provider": self.at_provider, "not_reported": list(self.not_reported),
-            "provider_cost_estimated": self.provider_cost_estimated,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ReconciliationReport:
-    upstream: str
-    source: str
-    window: Window
-    rows: tuple[ReconciliationRow, ...]
-    notes: tuple[str, ...] = ()
-    cost_tolerance_pico: int = DEFAULT_COST_TOLERANCE_PICO
-
-    @property
-    def matched(self) -> bool:
-        return all(row.matched for row in self.rows)
-
-    def totals(self) -> dict[str, Amounts]:
-        """`ledger`, `provider`, `difference`, and the amount each reason explains."""
-        totals = {"ledger": sum((r.ledger for r in self.rows), Amounts()), "provider": sum((r.provider for r in self.rows), Amounts())}
-        totals["difference"] = totals["provider"] - totals["ledger"]
-        for reason in REASONS:
-            explained = [e.amounts for r in self.rows for e in r.explanations if e.reason == reason]
-            if explained:
-                totals[reason] = sum(explained, Amounts())
-        return totals
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "upstream": self.upstream, "source": self.source, "since": self.window.start.isoformat(),
-            "until": self.window.end.isoformat(), "by_day": self.window.whole_days, "matched": self.matched,
-            "cost_tolerance_usd": usd(self.cost_tolerance_pico), "rows": [row.as_json() for row in self.rows],
-            "totals": {name: amounts.as_json() for name, amounts in self.totals().items()}, "notes": list(self.notes),
-        }
-
-    def to_text(self) -> str:
-        """A table for people: ledger/provider per column, each difference's reasons under its row."""
-        return "\n".join(render(self))
 
 
 def reconcile(
@@ -394,10 +298,4 @@ def _compare(group: Group, ledger: LedgerGroup | None, provider: ProviderUsage |
     return ReconciliationRow(group[0], group[1], group[2], booked, billed, explanations,
                              dict(ledger.attempts) if ledger is not None else {}, ledger is not None, provider is not None,
                              tuple(not_reported), provider is not None and provider.cost_pico is None)
-
-
-def _utc(value: date | datetime) -> datetime:
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return datetime.combine(value, time(0), tzinfo=UTC)
 

@@ -12,8 +12,8 @@ from sqlalchemy import Engine, text
 
 from gateway.accounting.money import usd
 from gateway.accounting.prices import PriceCatalog
-from gateway.pipeline.context import Usage
 from gateway.routing.policy import Policy
+from gateway.types.usage import Usage
 
 
 @dataclass(slots=True)

@@ -36,8 +36,9 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.ledger import Hold, Ledger
+from gateway.accounting.ledger import Ledger
 from gateway.accounting.writer import LedgerUnavailable
+from gateway.types.budget import Hold
 
 log = logging.getLogger("gateway.ledger")
 PATTERN = "ledger-spool-*.jsonl"

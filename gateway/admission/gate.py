@@ -7,11 +7,10 @@ from __future__ import annotations
 import logging
 import time
 
-from gateway.admission.buckets import BucketSpec, TakeResult
+from gateway.admission.buckets import TakeResult
 from gateway.admission.limits import (
     RPM,
     TPM,
-    Admitted,
     model_specs,
     ratelimit_headers,
     request_takes,
@@ -21,8 +20,9 @@ from gateway.admission.limits import (
 )
 from gateway.admission.queue import AdmissionQueue, Refused
 from gateway.errors import NotReady, UpstreamTimeout
-from gateway.pipeline.context import RequestContext
+from gateway.request_context import RequestContext
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
+from gateway.types.limits import Admitted, BucketSpec
 
 BATCH = "batch"
 log = logging.getLogger("gateway.admission")

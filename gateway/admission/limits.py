@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
-from gateway.admission.buckets import BucketSpec, TakeResult
+from gateway.admission.buckets import TakeResult
+from gateway.types.limits import BucketSpec
 from gateway.upstreams.ratelimit_headers import format_go_duration
-
-
-@dataclass(slots=True)
-class Admitted:
-    """What admission took for one request, so settlement can correct it."""
-
-    tokens: float = 0.0
-    token_specs: list[BucketSpec] = field(default_factory=list)
-
 
 RPM = "rpm"
 TPM = "tpm"

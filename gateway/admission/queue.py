@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.admission.buckets import Buckets, BucketSpec, TakeResult, merge_takes, seconds_to_full, wait_for
+from gateway.admission.buckets import Buckets, TakeResult, merge_takes, seconds_to_full, wait_for
 from gateway.admission.limits import retry_after_header
 from gateway.errors import RateLimited
+from gateway.types.limits import BucketSpec
 
 INTERACTIVE = "interactive"
 BATCH = "batch"

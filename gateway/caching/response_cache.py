@@ -5,7 +5,6 @@ cache scope, so byte-identical requests from two tenants can never meet."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -13,27 +12,10 @@ import orjson
 from gateway.caching.keys import cache_key, canonical_request, is_deterministic, response_namespace, tenant_scope
 from gateway.caching.store import CacheStore
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
+from gateway.types.cache import CachedAnswer, CachePlan
 
 MAX_ENTRY_BYTES = 4 * 1024 * 1024
 HIT, MISS, BYPASS = "hit", "miss", "bypass"
-
-
-@dataclass(slots=True)
-class CachePlan:
-    status: str  # what the response will say in x-gateway-cache
-    lookup: bool = False
-    store: bool = False
-    namespace: str = ""
-    key: str = ""
-    ttl_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class CachedAnswer:
-    model: str
-    upstream: str
-    usage: dict[str, Any] | None
-    body: bytes  # the upstream's JSON answer, byte for byte
 
 
 def cache_scope(policy: RuntimePolicy, tenant: str) -> str:

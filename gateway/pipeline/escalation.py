@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import BudgetExceeded, GatewayError
-from gateway.pipeline.context import RequestContext
+from gateway.request_context import RequestContext
 from gateway.routing.policy import ClientSignalRule, EscalationSignal, MissingFields, Route
 from gateway.routing.resolved import ModelTarget
 from gateway.verify.signals import Check, Failure, Verifier

@@ -14,10 +14,11 @@ import orjson
 from gateway.caching.replay import DONE_EVENT
 from gateway.errors import GatewayError, PoolSpill, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.pipeline import anthropic_stream, messages
-from gateway.pipeline.context import Attempt, RequestContext, Usage
 from gateway.pipeline.usage_estimate import relayed_text
+from gateway.request_context import Attempt, RequestContext
 from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
+from gateway.types.usage import Usage
 from gateway.upstreams.base import PoolRequest, StreamBroken, Upstream, UpstreamStream
 from gateway.upstreams.sse import SseRelay
 from gateway.upstreams.translate import error_from_reply, limit_headers

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
-from gateway.pipeline.context import Usage
 from gateway.routing.resolved import ModelTarget
+from gateway.types.usage import Usage
 from gateway.upstreams.anthropic_translate import usage_to_openai
 
 MESSAGES, COUNT_TOKENS = "messages", "messages.count_tokens"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.pipeline.context import RequestContext
+from gateway.request_context import RequestContext
 from gateway.telemetry.metrics import Metrics
 
 

@@ -1,4 +1,4 @@
-"""Parse and check a client body, and estimate its token footprint.
+"""Parse and check a client body, and bound its output (tokens/prompt_size.py counts its prompt).
 
 Checks only what the gateway itself relies on (model, messages/input/prompt, stream,
 bounds); everything else - including fields we do not know - passes through untouched.
@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import Encoder, count_chat_tokens, count_text_tokens
 from gateway.errors import InvalidRequest, MalformedJSON
 
 MAX_N = 128
@@ -115,35 +114,6 @@ def _check_anthropic_messages(endpoint: str, body: dict[str, Any]) -> None:
 def _is_tool_call(call: Any) -> bool:
     # The token count reads each call's function name and arguments.
     return isinstance(call, dict) and isinstance(call.get("function"), dict | None)
-
-
-def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoder: str | Encoder) -> int:
-    """The prompt's tokens in a tiktoken encoding; its bound for any byte-level
-    tokenizer is accounting/prompt_bound.py's."""
-    if endpoint in ("chat.completions", "messages", "messages.count_tokens"):
-        tokens = count_chat_tokens(body.get("messages"), encoder)
-        if isinstance(body.get("system"), str | list):  # Anthropic's system prompt, outside the messages
-            tokens += count_text_tokens(orjson.dumps(body["system"]).decode(), encoder)
-        tools = body.get("tools")
-        if tools:
-            tokens += count_text_tokens(orjson.dumps(tools).decode(), encoder)
-        return tokens
-    return sum(_text_tokens(item, encoder) for item in _inputs(endpoint, body))
-
-
-def _inputs(endpoint: str, body: dict[str, Any]) -> list[Any]:
-    value = body.get("prompt") if endpoint == "completions" else body.get("input")
-    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-        return [value]  # one input given as token ids
-    return value if isinstance(value, list) else [value]
-
-
-def _text_tokens(item: Any, encoder: str | Encoder) -> int:
-    if isinstance(item, str):
-        return count_text_tokens(item, encoder)
-    if isinstance(item, list):  # already token ids
-        return len(item)
-    return 0
 
 
 def output_bound(endpoint: str, body: dict[str, Any], model_max: int) -> int:

@@ -23,7 +23,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.pipeline.context import RequestContext
+from gateway.request_context import RequestContext
 from gateway.routing.policy import Retry
 from gateway.routing.resolved import ModelTarget
 from gateway.upstreams.backoff import CONNECT, HTTP, TIMEOUT, RetryBudget, classify_http_error, is_retryable, retry_delay

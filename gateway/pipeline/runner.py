@@ -14,7 +14,6 @@ import orjson
 
 from gateway.accounting.books import UNCONFIRMED, Accounting
 from gateway.accounting.money import usd
-from gateway.accounting.tokens import Tokenizers
 from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
 from gateway.caching.replay import completion_from_stream, stream_from_completion
@@ -24,19 +23,20 @@ from gateway.caching.steering import steer
 from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest
 from gateway.pipeline import forward, messages
-from gateway.pipeline.context import Attempt, RequestContext
 from gateway.pipeline.escalation import checks_for, run_chain
 from gateway.pipeline.observe import record_request
 from gateway.pipeline.parse import check_body, output_bound, parse_json_object, response_format_kind
-from gateway.pipeline.prompt_size import PromptSize
 from gateway.pipeline.retry import Retrier
 from gateway.pipeline.usage_estimate import estimate_usage
+from gateway.request_context import Attempt, RequestContext
 from gateway.routing.policy import Route
 from gateway.routing.prefix_blocks import prompt_text
 from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest, RuntimePolicy
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
+from gateway.tokens.counting import Tokenizers
+from gateway.tokens.prompt_size import PromptSize
 from gateway.upstreams.base import PoolRequest, Upstream, UpstreamStream
 from gateway.upstreams.registry import UpstreamRegistry
 from gateway.upstreams.translate import error_from_reply
@@ -157,7 +157,7 @@ class Pipeline:
         ctx.deadline = ctx.timeline.enqueue + _timeout_s(headers, policy.policy.defaults.request_timeout_s)
         named = policy.targets.get(ctx.requested_model)
         ctx.prompt = PromptSize(ctx.endpoint, body, named.tokenizer if named else policy.policy.defaults.tokenizer, self.parts.tokenizers)
-        if ctx.endpoint == "chat.completions":  # statistics only: off the request's path (pipeline/backlog.py)
+        if ctx.endpoint == "chat.completions":  # statistics only: off the request's path (deferred_work.py)
             chat = body["messages"]
             self.accounting.backlog.add(lambda: self.watch_prefix(ctx, chat))
         ctx.route, ctx.targets = policy.candidates(
@@ -376,7 +376,7 @@ class Pipeline:
                     record_request(self.parts.metrics, ctx)
             else:
                 # The answer carries its cost and goes out first; its books and metrics
-                # follow from the backlog (pipeline/backlog.py) and commit with a later hold.
+                # follow from the backlog (deferred_work.py) and commit with a later hold.
                 if ctx.cache_answer is None and ctx.attempts:
                     ctx.cost_pico = self.accounting.cost(ctx)
                 self.accounting.backlog.add(lambda: self.record_later(ctx))

@@ -13,16 +13,17 @@ from typing import Any
 import orjson
 
 from gateway.accounting.books import Accounting
-from gateway.accounting.ledger import Hold, HoldRequest, expiry
+from gateway.accounting.ledger import HoldRequest, expiry
 from gateway.accounting.money import pico_from_usd, usd
 from gateway.auth.keys import KeyOwner
 from gateway.caching.response_cache import BYPASS, HIT, MISS, cache_scope
 from gateway.caching.tool_cache import ToolCache
 from gateway.errors import GatewayError, InvalidRequest, NotFound, UpstreamTimeout
-from gateway.pipeline.context import RequestContext
 from gateway.pipeline.parse import parse_json_object
+from gateway.request_context import RequestContext
 from gateway.routing.policy import Tool
 from gateway.routing.reload import PolicyHolder
+from gateway.types.budget import Hold
 from gateway.upstreams.tools import ToolClient, ToolReply
 
 # A GET tool's arguments travel in its URL's query, percent-encoded (up to 3 characters

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import Tokenizers
-from gateway.pipeline.context import Usage
-from gateway.pipeline.prompt_size import PromptSize
+from gateway.tokens.counting import Tokenizers
+from gateway.tokens.prompt_size import PromptSize
+from gateway.types.usage import Usage
 
 
 def relayed_text(events: Iterable[bytes]) -> str:

@@ -8,21 +8,16 @@ the schema, with the same file:line:field messages.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from gateway.routing.policy import Policy
 from gateway.yaml_lines import Loc, SafeLoader, dotted, read_text, walk
-
-if TYPE_CHECKING:
-    from gateway.accounting.prices import PriceCatalog
-
 
 FRIENDLY = {
     "extra_forbidden": "unknown key",
@@ -48,7 +43,14 @@ class PolicyInvalid(Exception):
         self.problems = problems
 
 
-def load_policy_file(path: str | Path, catalog: PriceCatalog | None = None) -> Policy:
+# A check the file alone cannot make, given by whoever knows more (every model priced:
+# accounting/prices.py's `every_model_priced`). It gets the policy and the file's name,
+# returns each problem as (where in the file, message), and raises PolicyInvalid for a
+# problem that has no place in the file.
+PolicyCheck = Callable[[Policy, str], Iterable[tuple[Loc, str]]]
+
+
+def load_policy_file(path: str | Path, check: PolicyCheck | None = None) -> Policy:
     path = Path(path)
     try:
         text = read_text(path)
@@ -56,7 +58,7 @@ def load_policy_file(path: str | Path, catalog: PriceCatalog | None = None) -> P
         raise PolicyInvalid([PolicyProblem(str(path), None, "", f"cannot read policy file: {exc.strerror}")]) from exc
     except ValueError as exc:
         raise PolicyInvalid([PolicyProblem(str(path), None, "", str(exc))]) from None
-    return parse_policy(text, str(path), catalog)
+    return parse_policy(text, str(path), check)
 
 
 def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
@@ -79,8 +81,8 @@ def _parse_yaml(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
         loader.dispose()
 
 
-def parse_policy(text: str, source: str = "<policy>", catalog: PriceCatalog | None = None) -> Policy:
-    """With a price catalog, a model that has no price anywhere is a problem too."""
+def parse_policy(text: str, source: str = "<policy>", check: PolicyCheck | None = None) -> Policy:
+    """With a `check`, what it finds are problems too."""
     data, lines = _parse_yaml(text, source)
     if not isinstance(data, dict):
         raise PolicyInvalid([PolicyProblem(source, 1, "", "the policy must be a mapping of sections")])
@@ -89,15 +91,8 @@ def parse_policy(text: str, source: str = "<policy>", catalog: PriceCatalog | No
     except ValidationError as exc:
         raise PolicyInvalid([_problem(source, lines, tuple(e["loc"]), _message(e)) for e in exc.errors()]) from exc
     found = list(cross_reference_problems(policy))
-    if catalog is not None:
-        from gateway.accounting.prices import PricingInvalid, missing_prices  # prices reads policies too
-
-        try:
-            unpriced = missing_prices(policy, catalog, datetime.now(UTC))
-        except PricingInvalid as exc:  # litellm's map, read now that a model needs it, is unreadable
-            raise PolicyInvalid([PolicyProblem(source, None, "models", problem) for problem in exc.problems]) from exc
-        found += [(("models", name), f"model `{name}` has no price: add `price:` here, or an entry in pricing/*.yaml "
-                   "(litellm's price map does not know it either)") for name in unpriced]
+    if check is not None:
+        found += check(policy, source)
     problems = [_problem(source, lines, loc, msg) for loc, msg in found]
     if problems:
         raise PolicyInvalid(problems)

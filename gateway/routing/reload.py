@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.accounting.prices import PriceCatalog
-from gateway.routing.loader import PolicyInvalid, load_policy_file
+from gateway.routing.loader import PolicyCheck, PolicyInvalid, load_policy_file
 from gateway.routing.resolved import RuntimePolicy
 from gateway.yaml_lines import MAX_FILE_BYTES
 
@@ -32,11 +31,11 @@ class Reload:
 
 
 class PolicyHolder:
-    def __init__(self, path: Path, catalog: PriceCatalog | None = None,
+    def __init__(self, path: Path, check: PolicyCheck | None = None,
                  on_swap: Callable[[RuntimePolicy], None] | None = None,
                  on_result: Callable[[str], None] | None = None) -> None:
         self.path = path
-        self.catalog = catalog
+        self.check = check
         self._on_swap = on_swap
         self._on_result = on_result
         self.last_error: str | None = None
@@ -55,7 +54,7 @@ class PolicyHolder:
             return ""
 
     def _load(self) -> RuntimePolicy:
-        return RuntimePolicy(load_policy_file(self.path, self.catalog), str(self.path))
+        return RuntimePolicy(load_policy_file(self.path, self.check), str(self.path))
 
     def _swap(self, runtime: RuntimePolicy) -> None:
         if self._on_swap is not None:

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import count_text_tokens
 from gateway.sim.generation import SimRequestError
+from gateway.tokens.counting import count_text_tokens
 
 MAX_BREAKPOINTS = 4
 TTL_S = {"5m": 300.0, "1h": 3600.0}

@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import get_encoding
 from gateway.sim.generation import SimRequestError
 from gateway.sim.jsongen import generate_json
 from gateway.sim.textgen import _cut_pieces, generate_words, seeded_rng, stable_digest
+from gateway.tokens.counting import get_encoding
 
 ROLES = ("user", "assistant")
 THINKING_TOKENS = 12  # words of "thinking" before the answer, within budget_tokens

@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import get_encoding
 from gateway.sim.jsongen import generate_json
 from gateway.sim.textgen import generate_words, seeded_rng, stable_digest
+from gateway.tokens.counting import get_encoding
 
 MAX_N = 128
 

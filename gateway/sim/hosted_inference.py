@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gateway.accounting.tokens import count_chat_tokens, count_text_tokens, encoding_name_for_model
 from gateway.sim.asgi import (
     JSON_TYPE,
     SSE_DONE,
@@ -64,6 +63,7 @@ from gateway.sim.shapes import (
 )
 from gateway.sim.textgen import embedding_vector, encode_base64_floats
 from gateway.sim.usage_report import api_key_id
+from gateway.tokens.counting import count_chat_tokens, count_text_tokens, encoding_name_for_model
 
 DIALECT = Dialect(
     message_extras=MappingProxyType({"refusal": None, "annotations": []}),

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.tokens import get_encoding
+from gateway.tokens.counting import get_encoding
 
 
 def _content_text(content: Any) -> str:

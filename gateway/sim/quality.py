@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from gateway.accounting.tokens import get_encoding
 from gateway.sim.generation import ChoicePlan, GenerationSettings, plan_chat
 from gateway.sim.textgen import stable_digest
+from gateway.tokens.counting import get_encoding
 
 MAX_TRUTHS = 100_000  # responses remembered; a benchmark reads each one right after it
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,6 +64,11 @@ class Upstream(Protocol):
         """The reply's status and headers, then its body as it arrives, all within
         `timeout_s` (enforced here, as for `send`): past it the connection is dropped and
         `aiter_raw` raises StreamBroken with `deadline` set, or this raises UpstreamTimeout."""
+        ...
+
+    def with_headers(self, headers: Mapping[str, str]) -> Upstream:
+        """This upstream, sending `headers` too on each request (a client's protocol
+        version, say), over the same connections."""
         ...
 
     async def aclose(self) -> None: ...

@@ -14,8 +14,8 @@ import openai
 import pytest
 from sqlalchemy import create_engine, text
 
-from gateway.accounting.tokens import count_chat_tokens, count_text_tokens
 from gateway.sim.hosted import HostedSimConfig
+from gateway.tokens.counting import count_chat_tokens, count_text_tokens
 from tests.e2e.conftest import sim_config, sim_stats
 from tests.e2e.test_openai_sdk import wait_until
 from tests.support.stack import ADMIN_KEY, Stack, running_stack

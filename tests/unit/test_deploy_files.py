@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from gateway.accounting.prices import PriceCatalog
+from gateway.accounting.prices import PriceCatalog, every_model_priced
 from gateway.routing.loader import load_policy_file, parse_policy
 from gateway.telemetry.metrics import Metrics
 
@@ -264,7 +264,7 @@ def test_gateway_policy_is_the_mounted_compose_policy_and_reaches_the_simulators
     for name, svc in gateway_services().items():
         policy_file = host_path(svc, env(svc)["GATEWAY_POLICY"])
         assert policy_file == ROOT / "policies" / "compose.yaml", name
-        policy = load_policy_file(policy_file, catalog())
+        policy = load_policy_file(policy_file, every_model_priced(catalog()))
         for upstream_name, upstream in policy.upstreams.items():
             for url in upstream.urls():
                 parts = urlsplit(url)
@@ -352,7 +352,7 @@ def test_shell_scripts_parse() -> None:
 
 @pytest.mark.parametrize("path", POLICIES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_shipped_policies_load_with_every_model_priced(path: Path) -> None:
-    policy = load_policy_file(path, catalog())
+    policy = load_policy_file(path, every_model_priced(catalog()))
     assert policy.tenants
     for name, model in policy.models.items():
         assert model.price is not None, f"{path.name}: model {name} has no price"
@@ -373,7 +373,7 @@ def test_compose_policy_gpu_upstream_is_valid_when_uncommented() -> None:
         elif not line.startswith("  #   "):
             uncommenting = False
         out.append("  " + line[4:] if uncommenting else line)
-    policy = parse_policy("\n".join(out) + "\n", "compose.yaml (gpu uncommented)", catalog())
+    policy = parse_policy("\n".join(out) + "\n", "compose.yaml (gpu uncommented)", every_model_priced(catalog()))
     assert policy.upstreams["gpu"].urls() == ["http://vllm:8000/v1"]
     assert policy.models["gpu-model"].upstream == "gpu"
     vllm_env = env(services()["vllm"])

@@ -18,10 +18,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.accounting.database import normalise_url
-from gateway.accounting.prompt_bound import prompt_tokens_bound
-from gateway.accounting.tokens import count_chat_tokens
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
+from gateway.tokens.counting import count_chat_tokens
+from gateway.tokens.prompt_bound import prompt_tokens_bound
 from tests.support.processes import gateway_processes
 from tests.support.servers import run_asgi_in_thread
 

@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.accounting.database import normalise_url
-from gateway.accounting.tokens import count_chat_tokens
 from gateway.auth.keys import key_digest, new_api_key
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
+from gateway.tokens.counting import count_chat_tokens
 from tests.support.processes import gateway_processes
 from tests.support.servers import run_asgi_in_thread
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
-from gateway.accounting.tokens import count_chat_tokens
+from gateway.tokens.counting import count_chat_tokens
 from tests.e2e.test_hot_reload import reload_count
 from tests.e2e.test_openai_sdk import wait_until
 from tests.support.stack import Stack, running_stack

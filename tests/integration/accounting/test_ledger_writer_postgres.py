@@ -15,10 +15,11 @@ from sqlalchemy import Engine, text
 
 from gateway.accounting import ledger as ledger_module
 from gateway.accounting.database import make_engine, migrate
-from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger
+from gateway.accounting.ledger import HoldRequest, Ledger
 from gateway.accounting.native import Native
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
 from gateway.errors import BudgetExceeded
+from gateway.types.budget import BudgetClaim, Hold
 from tests.conftest import POSTGRES_DSN
 
 NOW = datetime.now(UTC)

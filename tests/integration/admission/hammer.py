@@ -9,8 +9,8 @@ from typing import Any
 
 import redis.asyncio as redis
 
-from gateway.admission.buckets import BucketSpec
 from gateway.admission.redis_buckets import RedisBuckets
+from gateway.types.limits import BucketSpec
 
 # (key, capacity, refill_per_s, scope, amount): plain tuples cross the process boundary.
 TakeTuple = tuple[str, float, float, str, float]

@@ -13,8 +13,9 @@ import redis
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from gateway.admission.buckets import Buckets, BucketSpec
+from gateway.admission.buckets import Buckets
 from gateway.admission.redis_buckets import RedisBuckets
+from gateway.types.limits import BucketSpec
 from tests.integration.admission.hammer import TakeTuple, hammer
 from tests.unit.admission import contract
 

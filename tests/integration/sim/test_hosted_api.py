@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.accounting.tokens import count_chat_tokens
+from gateway.tokens.counting import count_chat_tokens
 from tests.integration.sim.conftest import RunningHosted
 
 HELLO: list[Any] = [{"role": "user", "content": "Say hello"}]

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.accounting.tokens import count_chat_tokens, count_text_tokens
+from gateway.tokens.counting import count_chat_tokens, count_text_tokens
 from tests.integration.sim.conftest import RunningHosted
 
 HELLO: list[Any] = [{"role": "user", "content": "Say hello"}]

@@ -4,7 +4,7 @@ have room for many such holds."""
 from __future__ import annotations
 
 from gateway.accounting.headroom import Headroom
-from gateway.accounting.ledger import BudgetClaim
+from gateway.types.budget import BudgetClaim
 
 TENANT = BudgetClaim("tenant:acme:month:2026-11-01", "tenant:acme", "tenant `acme` budget", "2026-11-01", 10**12)
 TASK = BudgetClaim("task:t1", "task:t1", "task `t1`")

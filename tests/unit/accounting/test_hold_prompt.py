@@ -11,10 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.accounting.books import counts_like_provider, hold_prompt_tokens
-from gateway.accounting.tokens import Tokenizers
-from gateway.pipeline.prompt_size import PromptSize
 from gateway.routing.policy import Policy
 from gateway.routing.resolved import RuntimePolicy
+from gateway.tokens.counting import Tokenizers
+from gateway.tokens.prompt_size import PromptSize
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Name three rivers that flow through Europe. " * 10}]}
 

@@ -14,9 +14,10 @@ import pytest
 from sqlalchemy import Engine, text
 
 from gateway.accounting.database import make_engine, migrate
-from gateway.accounting.ledger import BudgetClaim, Hold, HoldRequest, Ledger
+from gateway.accounting.ledger import HoldRequest, Ledger
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.errors import BudgetExceeded
+from gateway.types.budget import BudgetClaim, Hold
 
 T = TypeVar("T")
 NOW = datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=UTC)

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from gateway.accounting.importers import reconcile_upstream
-from gateway.accounting.prices import PriceCatalog, PricingInvalid
+from gateway.accounting.prices import PriceCatalog, PricingInvalid, every_model_priced
 from gateway.routing.loader import PolicyInvalid, parse_policy
 from gateway.routing.policy import Price
 
@@ -69,14 +69,14 @@ def test_an_unreadable_litellm_map_is_refused_when_first_needed(tmp_path: Path, 
 
 def test_a_policy_that_prices_its_models_never_reads_litellms_map(tmp_path: Path) -> None:
     catalog = load(tmp_path, "{not json")  # were it read, it would be refused
-    policy = parse_policy(POLICY, catalog=catalog)
+    policy = parse_policy(POLICY, check=every_model_priced(catalog))
     assert catalog.quote("mini", None, policy.models["mini"].price, NOW) is not None
 
 
 def test_a_policy_that_needs_an_unreadable_map_is_invalid_and_says_why(tmp_path: Path) -> None:
     catalog = load(tmp_path, "{not json")
     with pytest.raises(PolicyInvalid) as info:
-        parse_policy(POLICY.replace("    price: {input: 0.15, output: 0.60}\n", ""), "policy.yaml", catalog)
+        parse_policy(POLICY.replace("    price: {input: 0.15, output: 0.60}\n", ""), "policy.yaml", every_model_priced(catalog))
     assert [str(p) for p in info.value.problems] == [
         f"policy.yaml: models: {tmp_path / 'litellm.json'}: cannot read litellm's price map: "
         "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"]
@@ -86,7 +86,7 @@ def test_reconciliation_reads_the_map_before_any_work(tmp_path: Path) -> None:
     # Provider rows may name any model: an unreadable map fails the job up front, not
     # half-way through (here before the provider's CSV, which does not exist, is read).
     catalog = load(tmp_path, "{not json")
-    policy = parse_policy(POLICY, catalog=catalog)
+    policy = parse_policy(POLICY, check=every_model_priced(catalog))
     with pytest.raises(PricingInvalid, match="cannot read litellm's price map"):
         asyncio.run(reconcile_upstream(create_engine("sqlite://"), policy, f"csv:{tmp_path / 'usage.csv'}", NOW.date(),
                                        catalog=catalog))

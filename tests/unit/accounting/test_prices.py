@@ -14,9 +14,9 @@ import pytest
 
 from gateway.accounting.price_sources import installed_litellm_price_map, read_pricing_file
 from gateway.accounting.prices import PriceCatalog, PriceQuote, PricingInvalid, missing_prices, show_price, usd
-from gateway.pipeline.context import Usage
 from gateway.routing.loader import load_policy_file, parse_policy
 from gateway.routing.policy import Price
+from gateway.types.usage import Usage
 
 ROOT = Path(__file__).resolve().parents[3]
 PRICING = ROOT / "pricing"

@@ -11,7 +11,8 @@ import math
 
 import pytest
 
-from gateway.admission.buckets import Buckets, BucketSpec
+from gateway.admission.buckets import Buckets
+from gateway.types.limits import BucketSpec
 
 T0 = 1_000_000.0
 NEVER_REFILLS = 1e-9  # tokens per second: not one token over any test's lifetime

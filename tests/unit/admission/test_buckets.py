@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.admission.buckets import Buckets, BucketSpec, InProcessBuckets
+from gateway.admission.buckets import Buckets, InProcessBuckets
+from gateway.types.limits import BucketSpec
 from tests.unit.admission import contract
 
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from gateway.admission.buckets import BucketSpec, InProcessBuckets, TakeResult
+from gateway.admission.buckets import InProcessBuckets, TakeResult
 from gateway.admission.queue import AdmissionQueue, Refused
+from gateway.types.limits import BucketSpec
 from tests.unit.admission.virtual_time import loop_clock, run_virtual
 
 SCOPE = "tenant:acme"

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from typing import cast
 
 from gateway.caching.replay import DONE_EVENT
-from gateway.pipeline.context import Attempt, RequestContext
 from gateway.pipeline.forward import relay_stream
+from gateway.request_context import Attempt, RequestContext
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 from gateway.telemetry.timeline import Timeline
 

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from gateway.errors import GatewayError, ModelNotFound
-from gateway.pipeline.context import RequestContext
 from gateway.pipeline.retry import Retrier
+from gateway.request_context import RequestContext
 from gateway.routing.policy import Retry
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 from gateway.upstreams.health import UpstreamHealth

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.accounting.tokens import count_text_tokens
 from gateway.sim.generation import GenerationSettings, SimRequestError, plan_chat, plan_completion
 from gateway.sim.textgen import WORDS
+from gateway.tokens.counting import count_text_tokens
 
 SETTINGS = GenerationSettings(seed=0, default_tokens=20)
 HELLO = [{"role": "user", "content": "hello"}]

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gateway.accounting.prompt_bound import prompt_tokens_bound
-from gateway.accounting.tokens import count_chat_tokens, get_encoding
 from gateway.errors import InvalidRequest
+from gateway.tokens.counting import count_chat_tokens, get_encoding
+from gateway.tokens.prompt_bound import prompt_tokens_bound
 
 SPECIAL = re.compile(r"(<\|[a-z_]+\|>)")  # a special token: one token, whatever its spelling
 

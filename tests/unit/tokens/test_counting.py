@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from gateway.accounting.prompt_bound import prompt_tokens_bound
-from gateway.accounting.tokens import (
+from gateway.tokens.counting import (
     Tokenizers,
     count_chat_tokens,
     count_text_tokens,
     get_encoding,
     load_encoder,
 )
+from gateway.tokens.prompt_bound import prompt_tokens_bound
 
 SAMPLES = [
     "Summarize this text in one line.",

@@ -1,7 +1,7 @@
 """How big a request's prompt is: a bound for any tokenizer at once, the tiktoken count
 only when a decision needs it.
 
-The bound (accounting/prompt_bound.py) is what a budget hold covers unless the provider
+The bound (tokens/prompt_bound.py) is what a budget hold covers unless the provider
 counts with the same tiktoken encoding: only then may a hold use the count, and only
 when the budget is near its end (accounting/headroom.py) - counting a 1k-token prompt
 costs ~0.3 ms of CPU, half of what the whole gateway may spend on a request.
@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.accounting.prompt_bound import prompt_tokens_bound
-from gateway.accounting.tokens import Tokenizers
-from gateway.pipeline.parse import estimate_prompt_tokens
+import orjson
+
+from gateway.tokens.counting import Encoder, Tokenizers, count_chat_tokens, count_text_tokens
+from gateway.tokens.prompt_bound import prompt_tokens_bound
 
 # Counting a prompt this large (its bound, about its UTF-8 bytes) runs off the event loop.
 OFF_LOOP_BYTES = 256 * 1024
@@ -58,3 +59,32 @@ class PromptSize:
                 else:
                     self._counted = estimate_prompt_tokens(self._endpoint, self._body, encoder)
         return self._counted
+
+
+def estimate_prompt_tokens(endpoint: str, body: dict[str, Any], encoder: str | Encoder) -> int:
+    """The prompt's tokens in a tiktoken encoding; its bound for any byte-level
+    tokenizer is tokens/prompt_bound.py's."""
+    if endpoint in ("chat.completions", "messages", "messages.count_tokens"):
+        tokens = count_chat_tokens(body.get("messages"), encoder)
+        if isinstance(body.get("system"), str | list):  # Anthropic's system prompt, outside the messages
+            tokens += count_text_tokens(orjson.dumps(body["system"]).decode(), encoder)
+        tools = body.get("tools")
+        if tools:
+            tokens += count_text_tokens(orjson.dumps(tools).decode(), encoder)
+        return tokens
+    return sum(_text_tokens(item, encoder) for item in _inputs(endpoint, body))
+
+
+def _inputs(endpoint: str, body: dict[str, Any]) -> list[Any]:
+    value = body.get("prompt") if endpoint == "completions" else body.get("input")
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return [value]  # one input given as token ids
+    return value if isinstance(value, list) else [value]
+
+
+def _text_tokens(item: Any, encoder: str | Encoder) -> int:
+    if isinstance(item, str):
+        return count_text_tokens(item, encoder)
+    if isinstance(item, list):  # already token ids
+        return len(item)
+    return 0

@@ -5,9 +5,9 @@ cl100k_base and o200k_base files, so we point TIKTOKEN_CACHE_DIR at them (found 
 installed package's location, without importing litellm). Counts serve admission,
 routing and budgeting only: the provider's reported usage is the billing truth, and a
 budget hold uses a count only where the provider counts with the same encoding
-(accounting/prompt_bound.py bounds the rest). Counting a 1k-token prompt costs ~0.3 ms
+(tokens/prompt_bound.py bounds the rest). Counting a 1k-token prompt costs ~0.3 ms
 of CPU and loading an encoding ~0.5 s and ~50 MB, which is why the gateway only counts
-when a decision needs the exact figure (see pipeline/prompt_size.py).
+when a decision needs the exact figure (see tokens/prompt_size.py).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def get_encoding(name: str = DEFAULT_ENCODING) -> tiktoken.Encoding:
 def load_encoder(name: str) -> Encoder:
     """An encoder that only encodes: tiktoken's `Encoding` also keeps its rank table as
     a Python dict (~30 MB for o200k_base) for decoding helpers the gateway never calls.
-    Same BPE core and same counts as `get_encoding(name)` (tests/unit/accounting/test_tokens.py)."""
+    Same BPE core and same counts as `get_encoding(name)` (tests/unit/tokens/test_counting.py)."""
     _point_tiktoken_at_bundled_files()
     # tiktoken is pinned; the test named above guards this seam against its internals moving.
     from tiktoken._tiktoken import CoreBPE  # type: ignore[import-not-found]

@@ -6,41 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.accounting.ledger import BudgetClaim, Hold
-from gateway.admission.limits import Admitted
-from gateway.caching.response_cache import CachedAnswer, CachePlan
-from gateway.pipeline.prompt_size import PromptSize
 from gateway.routing.resolved import ModelTarget, RuntimePolicy
 from gateway.telemetry.timeline import Timeline
-
-
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    cache_write_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def as_openai(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": self.cache_write_tokens},
-            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
-        }
-
-    @classmethod
-    def from_openai(cls, usage: dict[str, Any]) -> Usage:
-        prompt = usage.get("prompt_tokens_details") or {}
-        completion = usage.get("completion_tokens_details") or {}
-        return cls(
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            cached_tokens=int(prompt.get("cached_tokens") or 0),
-            cache_write_tokens=int(prompt.get("cache_write_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            reasoning_tokens=int(completion.get("reasoning_tokens") or 0),
-        )
+from gateway.tokens.prompt_size import PromptSize
+from gateway.types.budget import BudgetClaim, Hold
+from gateway.types.cache import CachedAnswer, CachePlan
+from gateway.types.limits import Admitted
+from gateway.types.usage import Usage
 
 
 @dataclass(slots=True)

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.accounting.tokens import Tokenizers
-from gateway.pipeline.parse import estimate_prompt_tokens
-from gateway.pipeline.prompt_size import PromptSize
+from gateway.tokens.counting import Tokenizers
+from gateway.tokens.prompt_size import PromptSize, estimate_prompt_tokens
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]

@@ -9,7 +9,7 @@ import time
 import pytest
 import uvloop
 
-from gateway.pipeline.backlog import Backlog
+from gateway.deferred_work import Backlog
 
 
 def test_work_waits_for_the_next_upstream_wait_and_runs_there() -> None:
