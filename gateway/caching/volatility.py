@@ -41,9 +41,9 @@ KIND_PATTERNS: tuple[tuple[str, str], ...] = (
     ("epoch", r"1\d{9}(?:\d{3}|\.\d+)?"),
 )
 
-# Finding the first span fast. A plain search with the patterns above costs ~1 ms per
-# 4k characters in CPython (every position tries every alternative); even a pattern
-# that starts with a class such as \d costs ~100 us. What the engine and bytes.find do
+# Finding the first span fast. A plain search with the patterns above tries every
+# alternative at every position of the prompt, and even a pattern that starts with a
+# class such as \d is slow. What the engine and bytes.find do
 # fast is look for a literal. So the prompt is translated (one byte per character,
 # offsets unchanged) into two views where what every span contains becomes a literal
 # needle; the full patterns then run only at the few starts each needle implies.

@@ -2,8 +2,8 @@
 per-update cost.
 
 A prometheus_client child validates that it may be observed and takes a lock on every
-update (0.35 us an increment, 0.7 us an observation, hot), and finding the child for a
-label set is a call of its own; a call makes about nine such updates. Here a label set's
+update, and finding the child for a label set is a call of its own; a call makes about
+nine such updates. Here a label set's
 value is a plain entry in a dict, updated with a lookup and an addition, on the event
 loop (the only writer). A scrape - on the same loop, through the registry's collector -
 turns them into the metric families prometheus_client itself would write: same names,

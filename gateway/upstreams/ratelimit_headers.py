@@ -49,7 +49,7 @@ def parse_provider_limits(headers: Mapping[str, str], now: float | None = None) 
 
 def may_be_exhausted(headers: Mapping[str, str]) -> bool:
     """False when every `remaining` count the headers carry has room left: then they
-    cannot pause anyone (`UpstreamHealth.learn`), and the full parse - ~10 us, on every
+    cannot pause anyone (`UpstreamHealth.learn`), and the full parse - on every
     successful reply of a provider that sends them - is skipped. Anything that does not
     read as a positive number says True, so the full parse decides."""
     for name, value in headers.items():
