@@ -48,6 +48,7 @@ class Price(Strict):
     output: Usd
     cached_input: Usd | None = None
     cache_write: Usd | None = None
+    cache_write_1h: Usd | None = Field(default=None, description="Anthropic's 1-hour cache writes; none: litellm's rate, else cache_write")
 
 
 class RateLimits(Strict):

@@ -23,10 +23,12 @@ def usage_to_openai(usage: Mapping[str, Any]) -> dict[str, Any]:
     written = int(usage.get("cache_creation_input_tokens") or 0)
     output = int(usage.get("output_tokens") or 0)
     prompt = uncached + read + written
-    return {
-        "prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": read, "cache_write_tokens": written},
-    }
+    details = {"cached_tokens": read, "cache_write_tokens": written}
+    split = usage.get("cache_creation")
+    if isinstance(split, Mapping) and split.get("ephemeral_1h_input_tokens"):
+        details["cache_write_1h_tokens"] = int(split["ephemeral_1h_input_tokens"])  # billed at the 1-hour rate
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output,
+            "prompt_tokens_details": details}
 
 
 def _text(content: Any) -> str:

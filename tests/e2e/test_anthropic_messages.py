@@ -16,7 +16,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.support.claude import UPSTREAM_KEY, ClaudeStack, formula, running_claude_stack
+from tests.support.claude import PRICE, UPSTREAM_KEY, ClaudeStack, formula, litellm_one_hour_rate, running_claude_stack
 
 LONG_POLICY = "Invoices are due thirty days after issue; overdue ones accrue interest monthly. " * 120
 
@@ -101,6 +101,30 @@ def test_cache_writes_and_reads_are_billed_at_their_own_prices(claude: ClaudeSta
     assert read.cache_read == written.cache_write_5m and read.cache_write_5m == 0
     assert costs == [formula(written), formula(read)]
     assert costs[1] < costs[0]
+
+
+def test_one_hour_cache_writes_are_billed_at_their_own_rate(claude: ClaudeStack) -> None:
+    client = claude.client()
+    system: Any = [{"type": "text", "text": "An hour-long policy. " + LONG_POLICY, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    ask: dict[str, Any] = {"model": "claude-small", "max_tokens": 16, "system": system,
+                           "messages": [{"role": "user", "content": "Is invoice 3 overdue?"}]}
+    raw = client.messages.with_raw_response.create(**ask)
+    written = claude.sim.state.usage[-1]
+    assert raw.parse().usage.cache_creation is not None
+    assert raw.parse().usage.cache_creation.ephemeral_1h_input_tokens == written.cache_write_1h > 1024
+    assert written.cache_write_5m == 0
+    hour_rate = litellm_one_hour_rate()
+    assert hour_rate > PRICE["cache_write"]  # the policy names no 1-hour rate: litellm's applies
+    expected = (written.uncached_input * PRICE["input"] + written.cache_write_1h * hour_rate
+                + written.output * PRICE["output"]) / 1_000_000
+    assert Decimal(raw.headers["x-gateway-cost-usd"]) == expected == formula(written)
+    task_id = _task(claude)  # streamed, a read of what the first call wrote
+    with client.messages.stream(**ask, extra_headers={"x-task-id": task_id}) as stream:
+        stream.until_done()
+    read = claude.sim.state.usage[-1]
+    assert read.cache_read == written.cache_write_1h and read.cache_write_1h == 0
+    [booked] = _books(claude, task_id)
+    assert Decimal(booked["cost_usd"]) == formula(read)
 
 
 def test_a_bad_key_is_an_authentication_error(claude: ClaudeStack) -> None:

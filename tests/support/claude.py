@@ -15,13 +15,27 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 
+from gateway.accounting.price_sources import installed_litellm_price_map
 from gateway.sim.anthropic import AnthropicSimConfig, AnthropicSimulator, create_anthropic_app
 from tests.support.servers import run_asgi_in_thread
 from tests.support.stack import Stack, running_stack
 
 UPSTREAM_KEY = "sk-ant-upstream-7f3a"
 PRICE = {"input": Decimal("0.80"), "cached_input": Decimal("0.08"), "cache_write": Decimal("1.00"), "output": Decimal("4.00")}
+UPSTREAM_MODEL = "claude-haiku-4-5"
+
+
+def litellm_one_hour_rate(model: str = UPSTREAM_MODEL) -> Decimal:
+    """litellm's price for a 1-hour cache write of `model`, USD per 1M tokens: what the
+    policy's price, which names none, falls back to."""
+    found = installed_litellm_price_map()
+    assert found is not None, "litellm's bundled price map is not installed"
+    per_token = orjson.loads(found[0].read_bytes())[model]["cache_creation_input_token_cost_above_1hr"]
+    return (Decimal(str(per_token)) * 1_000_000).normalize()
+
+
 # The hosted simulator's gpt-4o-mini, as the stack's policy prices it.
 GPT_PRICE = {"input": Decimal("0.15"), "cached_input": Decimal("0.075"), "output": Decimal("0.60")}
 
@@ -76,7 +90,7 @@ def running_claude_stack(tmp: Path, config: AnthropicSimConfig | None = None, mo
 def formula(record: Any, price: dict[str, Decimal] | None = None) -> Decimal:
     """What the Anthropic simulator billed for one call, at the model's prices in the policy."""
     rates = price or PRICE
-    write_1h = rates.get("cache_write_1h", rates["cache_write"])
+    write_1h = rates["cache_write_1h"] if "cache_write_1h" in rates else litellm_one_hour_rate()
     return (record.uncached_input * rates["input"] + record.cache_read * rates["cached_input"]
             + record.cache_write_5m * rates["cache_write"] + record.cache_write_1h * write_1h
             + record.output * rates["output"]) / 1_000_000
