@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from gateway.caching.breakpoints import add_messages_breakpoint
 from gateway.routing.resolved import ModelTarget
 from gateway.types.usage import Usage
 from gateway.upstreams.anthropic_translate import usage_to_openai
@@ -48,10 +49,14 @@ def chat_body(body: Mapping[str, Any], target: ModelTarget) -> dict[str, Any]:
     return request_to_chat(body, target.upstream_model)
 
 
-def native_body(body: Mapping[str, Any], target: ModelTarget) -> bytes:
+def native_body(body: Mapping[str, Any], target: ModelTarget, add_breakpoint: bool = False) -> bytes:
     """The client's body as it came, but for the model's name upstream: tools, images,
-    `cache_control`, `metadata`, `thinking`, `system` and the rest pass untouched."""
-    return orjson.dumps({**body, "model": target.upstream_model})
+    `cache_control`, `metadata`, `thinking`, `system` and the rest pass untouched -
+    unless the model adds a cache breakpoint where the client marked none."""
+    out = {**body, "model": target.upstream_model}
+    if add_breakpoint:
+        add_messages_breakpoint(out)
+    return orjson.dumps(out)
 
 
 def usage_of(usage: Mapping[str, Any]) -> Usage:

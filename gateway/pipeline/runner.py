@@ -16,6 +16,7 @@ from gateway.accounting.books import UNCONFIRMED, Accounting
 from gateway.accounting.money import usd
 from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
+from gateway.caching.breakpoints import add_chat_breakpoint
 from gateway.caching.replay import completion_from_stream, stream_from_completion
 from gateway.caching.response_cache import BYPASS, HIT, ResponseCache, cache_scope
 from gateway.caching.salts import TenantSalts
@@ -202,9 +203,11 @@ class Pipeline:
 
     def prepare_upstream_body(self, ctx: RequestContext, target: ModelTarget) -> bytes:
         """Patch only what must change; every other client field passes through."""
+        policy = ctx.policy
+        breakpoint_wanted = policy.policy.models[target.name].auto_cache_control and ctx.endpoint != messages.COUNT_TOKENS
         if ctx.endpoint in messages.ENDPOINTS:
             if messages.speaks_messages(target):
-                return messages.native_body(ctx.body, target)
+                return messages.native_body(ctx.body, target, breakpoint_wanted)
             body = messages.chat_body(ctx.body, target)  # then prepared as any chat call
         else:
             body = dict(ctx.body)
@@ -218,9 +221,10 @@ class Pipeline:
         elif ctx.buffered:  # the gateway checks the whole answer, then replays it as a stream
             body.pop("stream", None)
             body.pop("stream_options", None)
-        policy = ctx.policy
         steer(body, target.upstream_kind, cache_scope(policy, ctx.tenant), self.parts.salts,
               policy.policy.upstreams[target.upstream].prompt_cache_key)
+        if breakpoint_wanted and target.upstream_kind == messages.NATIVE_KIND:
+            add_chat_breakpoint(body)
         return orjson.dumps(body)
 
     def failover_targets(self, policy: RuntimePolicy, first: ModelTarget) -> list[ModelTarget]:
