@@ -129,6 +129,8 @@ def request_to_chat(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     for message in body.get("messages") or []:
         if message.get("role") == "assistant":
             chat.append(_assistant_turn(message.get("content")))
+        elif message.get("role") == "system":  # a system turn mid-conversation (a beta Claude Code uses)
+            chat.append({"role": "system", "content": _text(message.get("content"))})
         else:
             chat.extend(_user_turn(message.get("content")))
     out: dict[str, Any] = {"model": model, "messages": chat, "max_completion_tokens": body.get("max_tokens")}

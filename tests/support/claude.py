@@ -62,10 +62,13 @@ class ClaudeStack:
         return stats
 
 
-def add_claude(sim_url: str, models: str = "", price: dict[str, Decimal] | None = None) -> Callable[[str], str]:
+def add_claude(sim_url: str, models: str = "", price: dict[str, Decimal] | None = None,
+               max_body_bytes: int | None = None) -> Callable[[str], str]:
     """The stack's policy plus the Anthropic upstream, `claude-small` on it, and `models`
     (more YAML under `models:`, indented four spaces per field)."""
     def edit(text: str) -> str:
+        if max_body_bytes is not None:
+            text = text.replace("max_body_bytes: 65536", f"max_body_bytes: {max_body_bytes}", 1)
         text = text.replace("upstreams:\n", f"upstreams:\n  claude: {{kind: anthropic, base_url: \"{sim_url}\", "
                                              "api_key_env: GATEWAY_TEST_ANTHROPIC_KEY}\n", 1)
         rates = ", ".join(f"{k}: {v}" for k, v in (price or PRICE).items())
@@ -79,11 +82,12 @@ def add_claude(sim_url: str, models: str = "", price: dict[str, Decimal] | None 
 
 @contextlib.contextmanager
 def running_claude_stack(tmp: Path, config: AnthropicSimConfig | None = None, models: str = "",
-                         price: dict[str, Decimal] | None = None, **stack_options: Any) -> Iterator[ClaudeStack]:
+                         price: dict[str, Decimal] | None = None, max_body_bytes: int | None = None,
+                         **stack_options: Any) -> Iterator[ClaudeStack]:
     os.environ["GATEWAY_TEST_ANTHROPIC_KEY"] = UPSTREAM_KEY
     sim = create_anthropic_app(config or AnthropicSimConfig(api_keys=[UPSTREAM_KEY]))
     with run_asgi_in_thread(sim) as sim_url, \
-            running_stack(tmp, edit_policy=add_claude(sim_url, models, price), **stack_options) as stack:
+            running_stack(tmp, edit_policy=add_claude(sim_url, models, price, max_body_bytes), **stack_options) as stack:
         yield ClaudeStack(stack, sim, sim_url)
 
 

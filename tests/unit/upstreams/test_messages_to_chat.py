@@ -43,6 +43,12 @@ def test_a_whole_request_maps_field_by_field() -> None:
     }
 
 
+def test_a_system_turn_mid_conversation_stays_a_system_message() -> None:
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": "Hi"},
+                                          {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}]}
+    assert request_to_chat(body, "m")["messages"] == [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Be brief."}]
+
+
 def test_anthropics_own_tools_are_refused_by_name() -> None:
     with pytest.raises(InvalidRequest, match="web_search_20250305"):
         request_to_chat({"max_tokens": 5, "messages": [], "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "m")
