@@ -4,10 +4,10 @@ It goes out on the same aiohttp session, bounds and deadlines as every HTTP upst
 (upstreams/http.py); what differs is the address (`{base_url}/v1/messages`, base_url
 as in the anthropic SDK), the credentials (`x-api-key` from `api_key_env`, and
 `anthropic-version`) and the dialect: OpenAI chat calls are translated in
-upstreams/anthropic_translate.py, and streamed ones re-told chunk by chunk
-(upstreams/anthropic_stream_to_chat.py), while the Messages API's own paths (`/messages`, `/messages/count_tokens`, which
-clients reach through the gateway's `/v1/messages`) pass through as they are,
-streamed or not."""
+upstreams/anthropic_translate.py, streamed ones re-told event by event
+(upstreams/anthropic_stream_to_chat.py), while the Messages API's own paths
+(`/messages`, `/messages/count_tokens`, which clients reach through the gateway's
+`/v1/messages`) pass through as they are, streamed or not."""
 
 from __future__ import annotations
 
