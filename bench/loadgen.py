@@ -45,6 +45,9 @@ class Target:
         return headers
 
 
+STREAM_ENDS = (b"event: response.completed", b"event: response.incomplete", b"event: message_stop")
+
+
 class StreamCheck:
     """Watches an SSE body: when the first non-empty content delta arrived, and whether
     the stream ended with `data: [DONE]`. Stops parsing after the first content."""
@@ -58,9 +61,9 @@ class StreamCheck:
 
     def feed(self, chunk: bytes) -> None:
         # A Responses-API stream ends with `response.completed` (or `.incomplete`, at the
-        # output bound), not [DONE].
+        # output bound), a Messages-API stream with `message_stop`, neither with [DONE].
         seen = self._tail + chunk
-        self._completed = self._completed or b"event: response.completed" in seen or b"event: response.incomplete" in seen
+        self._completed = self._completed or any(end in seen for end in STREAM_ENDS)
         self._tail = (self._tail + chunk)[-64:]
         if self.first_content_at is not None:
             return
@@ -90,6 +93,8 @@ def _has_content(event: bytes) -> bool:
         except (orjson.JSONDecodeError, AttributeError):
             return False
         if payload.get("type") == "response.output_text.delta" and payload.get("delta"):
+            return True
+        if payload.get("type") == "content_block_delta" and (payload.get("delta") or {}).get("text"):
             return True
         if choices and (choices[0].get("delta") or {}).get("content"):
             return True

@@ -7,6 +7,10 @@ writes bench/out/overhead-<timestamp>.json.
 
     .venv/bin/python bench/overhead.py            # 10 s per run, concurrency 1,16,64
     .venv/bin/python bench/overhead.py --quick    # ~40 s smoke run: 3 s runs, concurrency 1,16
+
+`--responses` adds the same call through POST /v1/responses; `--messages` adds it
+through POST /v1/messages to an Anthropic simulator upstream, next to that simulator
+called directly - all in the same run.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from bench.report import (
     write_json,
 )
 from bench.stats import RunSamples, added_latency, summarize
-from bench.workload import MAX_TOKENS, chat_body, prompt_tokens, responses_body
+from bench.workload import MAX_TOKENS, chat_body, messages_body, prompt_tokens, responses_body
 from gateway.auth.keys import key_digest, new_api_key
 
 READY_TIMEOUT_S = 60.0
@@ -51,6 +55,24 @@ SETTLE_S = 0.3  # lets the ledger writer finish a run's settlements before CPU i
 SIM_KEY = "sk-sim-bench"
 CHAT_PATH = "/v1/chat/completions"
 RESPONSES_PATH = "/v1/responses"
+MESSAGES_PATH = "/v1/messages"
+ANTHROPIC_VERSION = (("anthropic-version", "2023-06-01"),)
+ANTHROPIC_MODEL = "claude-sim"  # as the Anthropic simulator serves it
+DIRECT = ("direct", "anthropic-direct")  # the targets without the gateway
+# The Anthropic simulator's own rate limits, far above what a benchmark sends.
+UNLIMITED = {"rpm": 10**9, "input_tpm": 10**12, "output_tpm": 10**12}
+CLAUDE_POLICY = """\
+  claude:
+    kind: anthropic
+    base_url: http://127.0.0.1:{port}
+    api_key_env: BENCH_SIM_API_KEY
+"""
+CLAUDE_MODEL = """\
+  bench-claude:
+    upstream: claude
+    upstream_model: claude-sim
+    price: {input: 1.00, cached_input: 0.10, cache_write: 1.25, output: 5.00}
+"""
 POLICY = """\
 version: 1
 upstreams:
@@ -106,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tenant without a budget: no durable hold per call (shows what the hold's commit costs)")
     parser.add_argument("--responses", action="store_true",
                         help="also the same call through POST /v1/responses (translated to chat, stored), in the same run")
+    parser.add_argument("--messages", action="store_true",
+                        help="also the same call through POST /v1/messages to an Anthropic simulator, and to it directly")
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.concurrency = 3.0, 0.5, "1,16"
@@ -121,8 +145,9 @@ class Stack:
     def __init__(self, args: argparse.Namespace, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
         self.args, self.workdir, self.exits, self.place = args, workdir, exits, place
         self.api_key = new_api_key()
-        self.sim_port, self.gateway_port = procs.free_port(), procs.free_port()
+        self.sim_port, self.gateway_port, self.claude_port = procs.free_port(), procs.free_port(), procs.free_port()
         self.sim = self._start_simulator()
+        self.claude = self._start_anthropic_simulator() if args.messages else None
         self.gateway, self.startup = self._start_gateway()
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], cpu: int | None) -> procs.Spawned:
@@ -141,9 +166,21 @@ class Stack:
                          headers=self.target("direct", False).headers())
         return sim
 
+    def _start_anthropic_simulator(self) -> procs.Spawned:
+        argv = ["sim", "anthropic", "--host", "127.0.0.1", "--port", str(self.claude_port),
+                "--token-delay", str(self.args.token_delay), "--latency", str(self.args.latency)]
+        sim = self._spawn("anthropic-simulator", argv, dict(os.environ), placement.load_core(self.place))
+        procs.wait_until(sim, self.claude_port, "GET", "/v1/models", READY_TIMEOUT_S)
+        httpx.post(f"http://127.0.0.1:{self.claude_port}/sim/config", json=UNLIMITED, timeout=10).raise_for_status()
+        direct = self.target("anthropic-direct", False)
+        procs.wait_until(sim, self.claude_port, "POST", MESSAGES_PATH, READY_TIMEOUT_S, body=direct.body, headers=direct.headers())
+        return sim
+
     def _start_gateway(self) -> tuple[procs.Spawned, dict[str, float]]:
         policy = self.workdir / "policy.yaml"
         text = POLICY.format(sim_port=self.sim_port, digest=key_digest(self.api_key))
+        if self.claude is not None:
+            text = text.replace("models:\n", CLAUDE_POLICY.format(port=self.claude_port) + "models:\n" + CLAUDE_MODEL, 1)
         policy.write_text(text.replace(BUDGET_LINE, "") if self.args.no_budget else text)
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "GATEWAY_POLICY")}
         env |= {"GATEWAY_VAR_DIR": str(self.workdir / "var"), "BENCH_SIM_API_KEY": SIM_KEY}
@@ -161,6 +198,10 @@ class Stack:
 
     def target(self, name: str, stream: bool) -> Target:
         port, key = (self.sim_port, SIM_KEY) if name == "direct" else (self.gateway_port, self.api_key)
+        if name in ("messages", "anthropic-direct"):
+            port, key, model = (self.gateway_port, self.api_key, "bench-claude") if name == "messages" else (
+                self.claude_port, SIM_KEY, ANTHROPIC_MODEL)
+            return Target(name, port, MESSAGES_PATH, key, stream, messages_body(stream, model), ANTHROPIC_VERSION)
         if name == "responses":
             return Target(name, port, RESPONSES_PATH, key, stream, responses_body(stream))
         return Target(name, port, CHAT_PATH, key, stream, chat_body(stream))
@@ -177,8 +218,9 @@ class Stack:
 
     def cpu(self) -> CpuTimes:
         busy = procs.cpu_busy_seconds(self.place.gateway_cpu) if self.place else math.nan
+        sims = procs.cpu_seconds(self.sim.pid) + (procs.cpu_seconds(self.claude.pid) if self.claude is not None else 0.0)
         return CpuTimes(procs.cpu_seconds(self.gateway.pid), procs.cpu_seconds(self.gateway.pid, main_threads=True),
-                        procs.cpu_seconds(self.sim.pid), time.process_time(), busy)
+                        sims, time.process_time(), busy)
 
 
 @dataclass(frozen=True)
@@ -189,7 +231,7 @@ class CpuTimes:
 
     gateway: float
     gateway_loop: float
-    sim: float
+    sim: float  # the simulators' trees together (the one not under load idles)
     loadgen: float
     gateway_core_busy: float
 
@@ -209,7 +251,7 @@ def cpu_figures(target: Target, samples: RunSamples, start: CpuTimes, end: CpuTi
         round(min(100.0, max(0.0, end.gateway_core_busy - start.gateway_core_busy - gateway_s) * 100 / elapsed), 1),
         "loadavg_1m": os.getloadavg()[0],
     }
-    if target.name != "direct":
+    if target.name not in DIRECT:
         figures["gateway_cpu_ms_per_req"] = round((settled.gateway - start.gateway) * 1000 / done, 3)
         loop_s = settled.gateway_loop - start.gateway_loop
         figures["gateway_loop_cpu_ms_per_req"] = round(loop_s * 1000 / done, 3)
@@ -241,7 +283,7 @@ async def measure(stack: Stack, target: Target, concurrency: int) -> dict[str, A
 def ledger_figures(target: Target, samples: RunSamples, before: tuple[float, float], after: tuple[float, float]) -> dict[str, Any]:
     """The gateway's ledger commits per second of load, and the operations (holds,
     settlements) each carried: every call commits its hold before it is sent."""
-    if target.name == "direct":
+    if target.name in DIRECT:
         return {}
     commits, operations = after[0] - before[0], after[1] - before[1]
     return {"ledger_commits_per_s": round(commits / samples.elapsed_s, 1),
@@ -253,9 +295,11 @@ async def run_matrix(stack: Stack) -> list[dict[str, Any]]:
     rows = []
     for mode in stack.args.modes:
         for concurrency in stack.args.concurrency:
-            for name in ("direct", "gateway", *(["responses"] if stack.args.responses else [])):
+            names = ["direct", "gateway", *(["responses"] if stack.args.responses else []),
+                     *(["anthropic-direct", "messages"] if stack.args.messages else [])]
+            for name in names:
                 row = await measure(stack, stack.target(name, mode == "stream"), concurrency)
-                print(f"  {name:8s} {mode:10s} c={concurrency:<3d} {row['rps']:9.1f} req/s  p50 {row['p50_ms']:8.2f} ms"
+                print(f"  {name:16s} {mode:10s} c={concurrency:<3d} {row['rps']:9.1f} req/s  p50 {row['p50_ms']:8.2f} ms"
                       f"  p99 {row['p99_ms']:8.2f} ms  errors {row['errors']}", file=sys.stderr, flush=True)
                 rows.append(row)
     return rows
@@ -265,9 +309,9 @@ def overhead_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_key = {(r["target"], r["mode"], r["concurrency"]): r for r in rows}
     result = []
     for (target, mode, concurrency), gateway in by_key.items():
-        direct = by_key.get(("direct", mode, concurrency))
-        if target != "direct" and direct is not None:
-            shown = mode if target == "gateway" else f"{mode} via /v1/responses"
+        direct = by_key.get(("anthropic-direct" if target == "messages" else "direct", mode, concurrency))
+        if target not in DIRECT and direct is not None:
+            shown = mode if target == "gateway" else f"{mode} via /v1/{target}"
             entry = {"mode": shown, "concurrency": concurrency, **added_latency(direct, gateway)}
             result.append(entry | {key: gateway.get(key) for key in
                                    ("gateway_cpu_ms_per_req", "ledger_commits_per_s", "ledger_ops_per_commit")})

@@ -54,6 +54,12 @@ def responses_body(stream: bool, words: int = PROMPT_WORDS) -> bytes:
                          "max_output_tokens": MAX_TOKENS, "stream": stream})
 
 
+def messages_body(stream: bool, model: str, words: int = PROMPT_WORDS) -> bytes:
+    """The same request as `chat_body`, asked of Anthropic's Messages API."""
+    return orjson.dumps({"model": model, "system": "You are a terse assistant.", "max_tokens": MAX_TOKENS, "stream": stream,
+                         "messages": [{"role": "user", "content": "Summarize this text in one line.\n\n" + prompt_text(words)}]})
+
+
 def prompt_tokens() -> int:
     """The gateway's own estimate of the prompt (o200k_base plus chat framing)."""
     from gateway.tokens.counting import count_chat_tokens

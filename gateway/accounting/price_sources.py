@@ -71,6 +71,7 @@ class DatedPrice:
     source: str  # e.g. "pricing/overrides.yaml"
     derivation: str | None = None  # how a GPU-hour rate became this per-token rate
     gpu: GpuRate | None = None  # self-hosted rows: the rate it was derived from
+    cache_write_1h: Decimal | None = None  # Anthropic's 1-hour cache writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,7 @@ class MapPrice:
     output: Decimal
     cached_input: Decimal | None
     cache_write: Decimal | None
+    cache_write_1h: Decimal | None = None  # litellm: cache_creation_input_token_cost_above_1hr
 
 
 # ---- pricing/*.yaml schema -------------------------------------------------------
@@ -95,6 +97,7 @@ class TokenPriceEntry(Strict):
     output: Usd
     cached_input: Usd | None = None
     cache_write: Usd | None = None
+    cache_write_1h: Usd | None = None
     note: str = Field(min_length=1, description="why this price, where it was published, who reviewed it")
 
 
@@ -167,7 +170,8 @@ def read_pricing_file(path: Path, label: str | None = None) -> list[DatedPrice]:
     if isinstance(parsed, GpuHourFile):
         return [_from_gpu_hours(entry, label) for entry in parsed.entries]
     return [
-        DatedPrice(e.model, e.effective_from, e.input, e.output, e.cached_input, e.cache_write, e.note, label)
+        DatedPrice(e.model, e.effective_from, e.input, e.output, e.cached_input, e.cache_write, e.note, label,
+                   cache_write_1h=e.cache_write_1h)
         for e in parsed.entries
     ]
 
@@ -288,7 +292,8 @@ def installed_litellm_price_map() -> tuple[Path, str] | None:
 
 # The only members of a price map entry the catalog reads.
 _PRICE_FIELDS = frozenset({"litellm_provider", "input_cost_per_token", "output_cost_per_token",
-                           "cache_read_input_token_cost", "cache_creation_input_token_cost"})
+                           "cache_read_input_token_cost", "cache_creation_input_token_cost",
+                           "cache_creation_input_token_cost_above_1hr"})
 
 
 class LitellmMap:
@@ -383,6 +388,7 @@ def _map_price(key: str, entry: dict[str, Any]) -> MapPrice | None:
         output=_per_million(entry.get("output_cost_per_token")) or Decimal(0),
         cached_input=_per_million(entry.get("cache_read_input_token_cost")),
         cache_write=_per_million(entry.get("cache_creation_input_token_cost")),
+        cache_write_1h=_per_million(entry.get("cache_creation_input_token_cost_above_1hr")),
     )
 
 

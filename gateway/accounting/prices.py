@@ -57,14 +57,21 @@ class PriceQuote:
     output: Decimal
     source: str
     effective_from: date | None
-    # The four rates in whole pico-dollars per token, when each is one (at most six
+    cache_write_1h: Decimal | None = None  # Anthropic's 1-hour cache writes; None: at `cache_write`
+    # The five rates in whole pico-dollars per token, when each is one (at most six
     # decimals, as every published price): then a cost is integer arithmetic alone.
-    per_token: tuple[int, int, int, int] | None = field(init=False, repr=False, compare=False)
+    per_token: tuple[int, int, int, int, int] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        rates = [_whole_pico_per_token(r) for r in (self.input, self.cached_input, self.cache_write, self.output)]
-        whole = None if None in rates else (rates[0], rates[1], rates[2], rates[3])
+        if self.cache_write_1h is None:
+            object.__setattr__(self, "cache_write_1h", self.cache_write)
+        rates = [_whole_pico_per_token(r) for r in (self.input, self.cached_input, self.cache_write, self.output, self.write_1h)]
+        whole = None if None in rates else (rates[0], rates[1], rates[2], rates[3], rates[4])
         object.__setattr__(self, "per_token", whole)
+
+    @property
+    def write_1h(self) -> Decimal:
+        return self.cache_write if self.cache_write_1h is None else self.cache_write_1h
 
     def cost_pico(self, usage: Usage) -> int:
         """Exact cost; OpenAI semantics (prompt_tokens includes cached and cache-write
@@ -72,13 +79,16 @@ class PriceQuote:
         # A provider reporting more cached than prompt tokens is still billed for every
         # token it reported, never credited a negative remainder.
         uncached = max(usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens, 0)
+        hour = min(usage.cache_write_1h_tokens, usage.cache_write_tokens)  # 1-hour writes, at their own rate
+        minutes = usage.cache_write_tokens - hour
         if self.per_token is not None:
-            i, c, w, o = self.per_token
-            return uncached * i + usage.cached_tokens * c + usage.cache_write_tokens * w + usage.completion_tokens * o
+            i, c, w, o, h = self.per_token
+            return uncached * i + usage.cached_tokens * c + minutes * w + hour * h + usage.completion_tokens * o
         exact = _pico(
             (uncached, self.input),
             (usage.cached_tokens, self.cached_input),
-            (usage.cache_write_tokens, self.cache_write),
+            (minutes, self.cache_write),
+            (hour, self.write_1h),
             (usage.completion_tokens, self.output),
         )
         return round(exact)  # Fraction rounds half to even; exact already when prices have <= 6 decimals
@@ -88,9 +98,9 @@ class PriceQuote:
         # Cache writes may cost more than plain input (Anthropic: 1.25x), so the prompt
         # is bounded by the dearest input-side rate, not by `input` alone.
         if self.per_token is not None:
-            i, c, w, o = self.per_token
-            return prompt_tokens * max(i, c, w) + output_tokens * o
-        dearest_input = max(self.input, self.cached_input, self.cache_write)
+            i, c, w, o, h = self.per_token
+            return prompt_tokens * max(i, c, w, h) + output_tokens * o
+        dearest_input = max(self.input, self.cached_input, self.cache_write, self.write_1h)
         return ceil(_pico((prompt_tokens, dearest_input), (output_tokens, self.output)))
 
     def saved_pico(self, usage: Usage) -> int:
@@ -100,9 +110,10 @@ class PriceQuote:
         return round(_pico((usage.cached_tokens, self.input - self.cached_input)))
 
     def rates(self) -> str:
+        hour = f" (1-hour {_num(self.write_1h)})" if self.write_1h != self.cache_write else ""
         return (
             f"input {_num(self.input)}, cached input {_num(self.cached_input)}, "
-            f"cache write {_num(self.cache_write)}, output {_num(self.output)} (USD per 1M tokens)"
+            f"cache write {_num(self.cache_write)}{hour}, output {_num(self.output)} (USD per 1M tokens)"
         )
 
 
@@ -174,7 +185,7 @@ class PriceCatalog:
     ) -> tuple[PriceQuote, DatedPrice | MapPrice | None] | None:
         """The quote and the row it came from (None for the policy's own price)."""
         if policy_price is not None:
-            return _quote(policy_price, "policy", None), None
+            return _quote(policy_price, "policy", None, self._hour_rate(model, upstream_model, policy_price)), None
         names = _names(model, upstream_model)
         for name in names:
             row = _in_effect(self._history.get(name, ()), day)
@@ -224,6 +235,18 @@ class PriceCatalog:
             lines.append(f"      note: {row.note}")
         return lines
 
+    def _hour_rate(self, model: str, upstream_model: str | None, price: Price) -> Decimal | None:
+        """A policy price's rate for 1-hour cache writes: its own, else litellm's for the
+        model - looked up only for a price that bills cache writes at all (Anthropic's
+        models), so a policy of OpenAI-style prices never reads the map."""
+        if price.cache_write_1h is not None or price.cache_write is None:
+            return price.cache_write_1h
+        for name in _names(model, upstream_model):
+            entry = self._map_entry(name)
+            if entry is not None and entry.cache_write_1h is not None:
+                return entry.cache_write_1h
+        return None
+
     def _map_entry(self, name: str) -> MapPrice | None:
         # litellm keys are sometimes provider-prefixed (`azure/...`); a prefixed name we
         # don't know exactly falls back to the bare model name.
@@ -233,9 +256,10 @@ class PriceCatalog:
         return entry
 
 
-def _quote(price: Price | DatedPrice | MapPrice, source: str, since: date | None) -> PriceQuote:
+def _quote(price: Price | DatedPrice | MapPrice, source: str, since: date | None, hour_rate: Decimal | None = None) -> PriceQuote:
     # Unknown cache rates bill at the plain input price: never cheaper than published.
     return PriceQuote(
+        cache_write_1h=price.cache_write_1h if price.cache_write_1h is not None else hour_rate,
         input=price.input,
         cached_input=price.input if price.cached_input is None else price.cached_input,
         cache_write=price.input if price.cache_write is None else price.cache_write,

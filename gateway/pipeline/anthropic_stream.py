@@ -18,6 +18,7 @@ from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, EventBuffer
 
 # Only these events carry what the books need; deltas and pings pass as bytes.
 WATCHED = (b"message_start", b"message_delta", b"message_stop", b"error")
+NAMED_WATCHED = tuple(b"event: " + name + b"\n" for name in WATCHED)
 
 
 class AnthropicEventRelay:
@@ -44,6 +45,8 @@ class AnthropicEventRelay:
 
     def _inspect(self, event: bytes) -> bytes:
         self.events += 1
+        if event.startswith(b"event: ") and not event.startswith(NAMED_WATCHED):
+            return event + b"\n\n"  # named, and not one the books read: no need to parse it
         payload = _data(event)
         kind = payload.get("type") if payload is not None else None
         if payload is None or kind not in ("message_start", "message_delta", "message_stop", "error"):

@@ -1,7 +1,9 @@
 """What is particular to Anthropic's Messages API on the gateway's request path
 (`POST /v1/messages` and `/v1/messages/count_tokens`): which of the client's headers go
-on, which models may answer, and the body sent upstream. The stages themselves - auth,
-admission, holds, retries, books - are the runner's, as for every endpoint."""
+on, and the body sent upstream - the client's own to a `kind: anthropic` upstream, a
+translated chat completions body to any other (answered through
+upstreams/messages_over_chat.py). The stages themselves - auth, admission, holds,
+retries, failover across kinds, books - are the runner's, as for every endpoint."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import InvalidRequest
+from gateway.caching.breakpoints import add_messages_breakpoint
 from gateway.routing.resolved import ModelTarget
 from gateway.types.usage import Usage
 from gateway.upstreams.anthropic_translate import usage_to_openai
+from gateway.upstreams.base import Upstream
+from gateway.upstreams.messages_over_chat import MessagesOverChat
+from gateway.upstreams.messages_to_chat import request_to_chat
 
 MESSAGES, COUNT_TOKENS = "messages", "messages.count_tokens"
 ENDPOINTS = (MESSAGES, COUNT_TOKENS)
@@ -26,20 +31,32 @@ def passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name: headers[name] for name in PASSED_HEADERS if headers.get(name)}
 
 
-def native_targets(requested_model: str, targets: list[ModelTarget]) -> list[ModelTarget]:
-    """The targets that speak the Messages API; a model (or route) with none is refused
-    rather than sent a body its upstream does not read."""
-    native = [t for t in targets if t.upstream_kind == NATIVE_KIND]
-    if not native:
-        raise InvalidRequest(f"model: `{requested_model}` is not served over the Messages API "
-                             "(its upstream is not `kind: anthropic`); call it at /v1/chat/completions", param="model")
-    return native
+def speaks_messages(target: ModelTarget) -> bool:
+    return target.upstream_kind == NATIVE_KIND
 
 
-def upstream_body(body: Mapping[str, Any], target: ModelTarget) -> bytes:
+def upstream_for(upstream: Upstream, target: ModelTarget, headers: Mapping[str, str]) -> Upstream:
+    """The target's upstream as the Messages API reaches it: with the client's protocol
+    headers when it speaks the API, through a translating view of it otherwise."""
+    if not speaks_messages(target):
+        return MessagesOverChat(upstream)
+    return upstream.with_headers(headers) if headers else upstream
+
+
+def chat_body(body: Mapping[str, Any], target: ModelTarget) -> dict[str, Any]:
+    """The Messages request as a chat completions request, for a target that does not
+    speak the Messages API; the runner then prepares it as any chat call."""
+    return request_to_chat(body, target.upstream_model)
+
+
+def native_body(body: Mapping[str, Any], target: ModelTarget, add_breakpoint: bool = False) -> bytes:
     """The client's body as it came, but for the model's name upstream: tools, images,
-    `cache_control`, `metadata`, `thinking`, `system` and the rest pass untouched."""
-    return orjson.dumps({**body, "model": target.upstream_model})
+    `cache_control`, `metadata`, `thinking`, `system` and the rest pass untouched -
+    unless the model adds a cache breakpoint where the client marked none."""
+    out = {**body, "model": target.upstream_model}
+    if add_breakpoint:
+        add_messages_breakpoint(out)
+    return orjson.dumps(out)
 
 
 def usage_of(usage: Mapping[str, Any]) -> Usage:

@@ -26,7 +26,7 @@ from gateway.errors import (
 from gateway.request_context import RequestContext
 from gateway.routing.policy import Retry
 from gateway.routing.resolved import ModelTarget
-from gateway.upstreams.backoff import CONNECT, HTTP, TIMEOUT, RetryBudget, classify_http_error, is_retryable, retry_delay
+from gateway.upstreams.backoff import CONNECT, HTTP, QUOTA, TIMEOUT, RetryBudget, classify_http_error, is_retryable, retry_delay
 from gateway.upstreams.health import UpstreamHealth
 from gateway.upstreams.ratelimit_headers import parse_provider_limits
 
@@ -87,6 +87,8 @@ class Retrier:
                 except GatewayError as exc:
                     errors.append(exc)
                     kind = _kind(exc)
+                    if kind == QUOTA:  # out of money, not of rate: the client's retry would not help either
+                        exc.headers["x-should-retry"] = "false"
                     if not exc.retryable or not is_retryable(exc.upstream_status, kind):
                         raise
                     replica_failed = isinstance(exc, ReplicaFailed)  # the pool took it out; another replica is ready

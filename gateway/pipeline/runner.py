@@ -16,6 +16,7 @@ from gateway.accounting.books import UNCONFIRMED, Accounting
 from gateway.accounting.money import usd
 from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
+from gateway.caching.breakpoints import add_chat_breakpoint
 from gateway.caching.replay import completion_from_stream, stream_from_completion
 from gateway.caching.response_cache import BYPASS, HIT, ResponseCache, cache_scope
 from gateway.caching.salts import TenantSalts
@@ -171,7 +172,6 @@ class Pipeline:
             ),
         )
         if ctx.endpoint in messages.ENDPOINTS:
-            ctx.targets = messages.native_targets(ctx.requested_model, ctx.targets)
             ctx.upstream_headers = messages.passed_headers(headers)
         ctx.max_output_tokens = output_bound(ctx.endpoint, body, ctx.targets[0].max_output_tokens)
 
@@ -203,9 +203,14 @@ class Pipeline:
 
     def prepare_upstream_body(self, ctx: RequestContext, target: ModelTarget) -> bytes:
         """Patch only what must change; every other client field passes through."""
+        policy = ctx.policy
+        breakpoint_wanted = policy.policy.models[target.name].auto_cache_control and ctx.endpoint != messages.COUNT_TOKENS
         if ctx.endpoint in messages.ENDPOINTS:
-            return messages.upstream_body(ctx.body, target)
-        body = dict(ctx.body)
+            if messages.speaks_messages(target):
+                return messages.native_body(ctx.body, target, breakpoint_wanted)
+            body = messages.chat_body(ctx.body, target)  # then prepared as any chat call
+        else:
+            body = dict(ctx.body)
         body["model"] = target.upstream_model
         if ctx.endpoint != "embeddings" and not (body.get("max_completion_tokens") or body.get("max_tokens")):
             # Send the bound we reserve for, so the worst case really is the worst case.
@@ -216,9 +221,10 @@ class Pipeline:
         elif ctx.buffered:  # the gateway checks the whole answer, then replays it as a stream
             body.pop("stream", None)
             body.pop("stream_options", None)
-        policy = ctx.policy
         steer(body, target.upstream_kind, cache_scope(policy, ctx.tenant), self.parts.salts,
               policy.policy.upstreams[target.upstream].prompt_cache_key)
+        if breakpoint_wanted and target.upstream_kind == messages.NATIVE_KIND:
+            add_chat_breakpoint(body)
         return orjson.dumps(body)
 
     def failover_targets(self, policy: RuntimePolicy, first: ModelTarget) -> list[ModelTarget]:
@@ -239,8 +245,6 @@ class Pipeline:
         after an attempt that may have been billed, needs more held)."""
         policy = ctx.policy
         targets = self.failover_targets(policy, first or ctx.targets[0])
-        if ctx.endpoint in messages.ENDPOINTS:  # a Messages body goes only where the Messages API is spoken
-            targets = messages.native_targets(ctx.requested_model, targets)
 
         async def covered(target: ModelTarget) -> T:
             if ctx.attempts:
@@ -254,6 +258,8 @@ class Pipeline:
 
     def upstream_for(self, ctx: RequestContext, target: ModelTarget) -> Upstream:
         upstream = self.parts.upstreams.get(target.upstream)
+        if ctx.endpoint in messages.ENDPOINTS:
+            return messages.upstream_for(upstream, target, ctx.upstream_headers)
         return upstream.with_headers(ctx.upstream_headers) if ctx.upstream_headers else upstream
 
     async def count_tokens(self, ctx: RequestContext) -> JsonReply:
@@ -261,13 +267,17 @@ class Pipeline:
         and nothing billed, so no admission, hold or booking - auth and the model's
         access apply as for a call."""
         target = ctx.targets[0]
+        headers = {"x-request-id": ctx.request_id, "x-gateway-model": target.name, "x-gateway-upstream": target.upstream}
+        if not messages.speaks_messages(target):  # no count to ask for: the gateway's own tokenizer counts
+            counted = await ctx.prompt.count()
+            await self.finish(ctx, 200)
+            return JsonReply(200, orjson.dumps({"input_tokens": counted}), headers)
         upstream = self.upstream_for(ctx, target)
         reply = await upstream.send(ctx.path, self.prepare_upstream_body(ctx, target), forward.remaining_s(ctx))
         if reply.status != 200:
             raise error_from_reply(upstream.name, reply.status, reply.headers, reply.body, upstream.secrets)
         await self.finish(ctx, 200)  # counted as a request; with no attempt, nothing is booked
-        return JsonReply(200, reply.body, {"x-request-id": ctx.request_id, "x-gateway-model": target.name,
-                                           "x-gateway-upstream": target.upstream})
+        return JsonReply(200, reply.body, headers)
 
     async def call(self, ctx: RequestContext) -> JsonReply:
         async def send(target: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[dict[str, Any], bytes]:

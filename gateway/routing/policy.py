@@ -48,6 +48,7 @@ class Price(Strict):
     output: Usd
     cached_input: Usd | None = None
     cache_write: Usd | None = None
+    cache_write_1h: Usd | None = Field(default=None, description="Anthropic's 1-hour cache writes; none: litellm's rate, else cache_write")
 
 
 class RateLimits(Strict):
@@ -141,6 +142,9 @@ class Model(Strict):
     limits: RateLimits | None = None
     fallbacks: list[Name] = Field(default_factory=list, description="models to fail over to when this one's upstream keeps failing")
     cache: bool | None = Field(default=None, description="opt this model's answers in (true) or out (false) of the response cache")
+    auto_cache_control: bool = Field(default=False, description=(
+        "kind anthropic: when a request marks no cache_control, mark its system prompt (else its tools) so Anthropic "
+        "caches that prefix and later calls read it at the cached rate"))
 
     @model_validator(mode="after")
     def _names_the_providers_encoding(self) -> Model:

@@ -170,7 +170,7 @@ async def messages(state: AnthropicState, request: HttpRequest, receive: Receive
     if call is None:
         return
     try:
-        validate(call.body)
+        validate(call.body, request.headers.get("anthropic-beta", ""))
         blocks = prompt_blocks(call.body, ENCODING)
         plan = plan_message(call.body, state.config.seed, state.config.output_tokens, ENCODING)
     except SimRequestError as error:

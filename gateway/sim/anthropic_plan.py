@@ -18,6 +18,8 @@ from gateway.sim.textgen import _cut_pieces, generate_words, seeded_rng, stable_
 from gateway.tokens.counting import get_encoding
 
 ROLES = ("user", "assistant")
+# With this beta (Claude Code sends it) a conversation may carry system turns too.
+MID_CONVERSATION_SYSTEM = "mid-conversation-system"
 THINKING_TOKENS = 12  # words of "thinking" before the answer, within budget_tokens
 
 
@@ -62,8 +64,10 @@ def _require_int(body: Mapping[str, Any], name: str, minimum: int) -> int:
     return value
 
 
-def validate(body: Mapping[str, Any]) -> None:
-    """The checks Anthropic makes before anything runs; raises SimRequestError."""
+def validate(body: Mapping[str, Any], betas: str = "") -> None:
+    """The checks Anthropic makes before anything runs; raises SimRequestError.
+    `betas`: the request's `anthropic-beta` header."""
+    roles = (*ROLES, "system") if MID_CONVERSATION_SYSTEM in betas else ROLES
     max_tokens = _require_int(body, "max_tokens", 1)
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -71,7 +75,7 @@ def validate(body: Mapping[str, Any]) -> None:
     if not messages:
         raise SimRequestError("messages: at least one message is required", "messages")
     for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") not in ROLES:
+        if not isinstance(message, Mapping) or message.get("role") not in roles:
             raise SimRequestError(f"messages.{i}.role: Input should be 'user' or 'assistant'", "messages")
         if "content" not in message:
             raise SimRequestError(f"messages.{i}.content: Field required", "messages")

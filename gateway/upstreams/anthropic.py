@@ -4,10 +4,10 @@ It goes out on the same aiohttp session, bounds and deadlines as every HTTP upst
 (upstreams/http.py); what differs is the address (`{base_url}/v1/messages`, base_url
 as in the anthropic SDK), the credentials (`x-api-key` from `api_key_env`, and
 `anthropic-version`) and the dialect: OpenAI chat calls are translated in
-upstreams/anthropic_translate.py (not streamed yet: a streamed chat call is refused,
-400), while the Messages API's own paths (`/messages`, `/messages/count_tokens`, which
-clients reach through the gateway's `/v1/messages`) pass through as they are,
-streamed or not."""
+upstreams/anthropic_translate.py, streamed ones re-told event by event
+(upstreams/anthropic_stream_to_chat.py), while the Messages API's own paths
+(`/messages`, `/messages/count_tokens`, which clients reach through the gateway's
+`/v1/messages`) pass through as they are, streamed or not."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ import orjson
 
 from gateway.errors import InvalidRequest
 from gateway.routing.policy import Upstream as UpstreamConfig
+from gateway.upstreams.anthropic_stream_to_chat import AnthropicToChatChunks
 from gateway.upstreams.anthropic_translate import chat_to_messages, error_to_openai, message_to_chat
-from gateway.upstreams.base import PoolRequest, UpstreamReply
-from gateway.upstreams.http import HttpStream, HttpUpstream
+from gateway.upstreams.base import PoolRequest, UpstreamReply, UpstreamStream
+from gateway.upstreams.http import HttpUpstream
+from gateway.upstreams.translated_stream import TranslatedStream
 
 ANTHROPIC_VERSION = "2023-06-01"
 MESSAGES_PATH = "/v1/messages"
@@ -60,12 +62,21 @@ class AnthropicUpstream(HttpUpstream):
         return UpstreamReply(200, headers, orjson.dumps(message_to_chat(message, int(time.time()))), reply.replica)
 
     async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None, *,
-                          headers: Mapping[str, str] | None = None) -> HttpStream:
+                          headers: Mapping[str, str] | None = None) -> UpstreamStream:
         if path in NATIVE_PATHS:
             stream = await super().open_stream("/v1" + path, body, timeout_s, headers=headers)
             stream.headers.setdefault("x-request-id", stream.headers.get("request-id", ""))
             return stream
-        raise InvalidRequest(f"streaming is not supported yet for upstream `{self.name}` (kind: anthropic); send stream: false")
+        if path != "/chat/completions":
+            raise InvalidRequest(f"upstream `{self.name}` (kind: anthropic) serves chat completions only")
+        request = orjson.loads(body)
+        payload = orjson.dumps(chat_to_messages(request, str(request.get("model"))))
+        stream = await super().open_stream(MESSAGES_PATH, payload, timeout_s)
+        stream.headers.setdefault("x-request-id", stream.headers.get("request-id", ""))
+        options = request.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        return TranslatedStream(stream, AnthropicToChatChunks(int(time.time()), include_usage),
+                                error_body=lambda raw: error_to_openai(stream.status, raw))
 
 
 def _with_request_id(reply: UpstreamReply) -> UpstreamReply:

@@ -23,10 +23,12 @@ def usage_to_openai(usage: Mapping[str, Any]) -> dict[str, Any]:
     written = int(usage.get("cache_creation_input_tokens") or 0)
     output = int(usage.get("output_tokens") or 0)
     prompt = uncached + read + written
-    return {
-        "prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": read, "cache_write_tokens": written},
-    }
+    details = {"cached_tokens": read, "cache_write_tokens": written}
+    split = usage.get("cache_creation")
+    if isinstance(split, Mapping) and split.get("ephemeral_1h_input_tokens"):
+        details["cache_write_1h_tokens"] = int(split["ephemeral_1h_input_tokens"])  # billed at the 1-hour rate
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output,
+            "prompt_tokens_details": details}
 
 
 def _text(content: Any) -> str:
@@ -45,7 +47,7 @@ def _user_blocks(content: Any) -> list[dict[str, Any]] | str:
         if not isinstance(part, Mapping):
             continue
         if part.get("type") == "text":
-            blocks.append({"type": "text", "text": str(part.get("text", ""))})
+            blocks.append(_text_block(part))
         elif part.get("type") == "image_url":
             url = str((part.get("image_url") or {}).get("url", ""))
             if url.startswith("data:") and ";base64," in url:
@@ -54,6 +56,22 @@ def _user_blocks(content: Any) -> list[dict[str, Any]] | str:
             else:
                 blocks.append({"type": "image", "source": {"type": "url", "url": url}})
     return blocks
+
+
+def _text_block(part: Mapping[str, Any]) -> dict[str, Any]:
+    """A text part as a text block, with the `cache_control` breakpoint it carries."""
+    block: dict[str, Any] = {"type": "text", "text": str(part.get("text", ""))}
+    if isinstance(part.get("cache_control"), Mapping):
+        block["cache_control"] = dict(part["cache_control"])
+    return block
+
+
+def _system_blocks(content: Any) -> list[dict[str, Any]]:
+    """A system message as text blocks: one, or one per part when a part marks a cache
+    breakpoint (which only a list of blocks can carry)."""
+    if isinstance(content, list) and any(isinstance(p, Mapping) and "cache_control" in p for p in content):
+        return [_text_block(p) for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+    return [{"type": "text", "text": _text(content)}]
 
 
 def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]] | str) -> None:
@@ -68,12 +86,12 @@ def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, An
 
 def chat_to_messages(body: Mapping[str, Any], model: str) -> dict[str, Any]:
     """A chat completions request as a Messages request for `model`."""
-    system: list[str] = []
+    system: list[dict[str, Any]] = []
     messages: list[dict[str, Any]] = []
     for message in body.get("messages") or []:
         role = message.get("role")
         if role in ("system", "developer"):
-            system.append(_text(message.get("content")))
+            system.extend(_system_blocks(message.get("content")))
         elif role == "user":
             _append(messages, "user", _user_blocks(message.get("content")))
         elif role == "assistant":
@@ -93,8 +111,9 @@ def chat_to_messages(body: Mapping[str, Any], model: str) -> dict[str, Any]:
             _append(messages, "user", [result])
     out: dict[str, Any] = {"model": model, "messages": messages,
                            "max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS}
-    if system:
-        out["system"] = "\n\n".join(system)
+    if system:  # a string unless a block carries a breakpoint
+        marked = any("cache_control" in b for b in system)
+        out["system"] = system if marked else "\n\n".join(b["text"] for b in system)
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)

@@ -17,7 +17,7 @@ import aiohttp
 
 from gateway.errors import ReplicaFailed, UpstreamBadReply, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.routing.policy import Upstream as UpstreamConfig
-from gateway.upstreams.base import PoolRequest, StreamBroken, UpstreamReply
+from gateway.upstreams.base import PoolRequest, StreamBroken, UpstreamReply, UpstreamStream
 from gateway.upstreams.pool import Pool, Replica
 from gateway.upstreams.sessions import MAX_FIELD_BYTES, MAX_HEADERS, TlsFiles, new_session, proxy_for, read_bounded
 
@@ -170,7 +170,7 @@ class HttpUpstream:
         return UpstreamReplyTooLarge(f"upstream `{self.name}` sent an answer over the gateway's bound of {limit} bytes")
 
     async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None, *,
-                          headers: Mapping[str, str] | None = None) -> HttpStream:
+                          headers: Mapping[str, str] | None = None) -> UpstreamStream:
         replica = self._pick(pool)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -216,7 +216,7 @@ class WithHeaders:
     async def send(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> UpstreamReply:
         return await self.upstream.send(path, body, timeout_s, pool, headers=self.headers)
 
-    async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> HttpStream:
+    async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> UpstreamStream:
         return await self.upstream.open_stream(path, body, timeout_s, pool, headers=self.headers)
 
     def with_headers(self, headers: Mapping[str, str]) -> WithHeaders:

@@ -7,64 +7,24 @@ headers) reaches the client."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from gateway.sim.anthropic import AnthropicSimConfig, AnthropicSimulator, create_anthropic_app
-from tests.support.servers import run_asgi_in_thread
-from tests.support.stack import Stack, running_stack
+from tests.support.claude import PRICE, UPSTREAM_KEY, ClaudeStack, formula, litellm_one_hour_rate, running_claude_stack
 
-UPSTREAM_KEY = "sk-ant-upstream-7f3a"
-PRICE = {"input": Decimal("0.80"), "cached_input": Decimal("0.08"), "cache_write": Decimal("1.00"), "output": Decimal("4.00")}
 LONG_POLICY = "Invoices are due thirty days after issue; overdue ones accrue interest monthly. " * 120
-
-
-@dataclass
-class ClaudeStack:
-    stack: Stack
-    sim: AnthropicSimulator
-    sim_url: str
-
-    def client(self, key: str | None = None, **options: Any) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.stack.root, api_key=key or self.stack.key, max_retries=0, **options)
-
-
-def _add_claude(sim_url: str) -> Any:
-    def edit(text: str) -> str:
-        text = text.replace("upstreams:\n", f"upstreams:\n  claude: {{kind: anthropic, base_url: \"{sim_url}\", "
-                                             "api_key_env: GATEWAY_TEST_ANTHROPIC_KEY}\n", 1)
-        price = ", ".join(f"{k}: {v}" for k, v in PRICE.items())
-        text = text.replace("models:\n", "models:\n  claude-small:\n    upstream: claude\n    upstream_model: claude-haiku-4-5\n"
-                            f"    price: {{{price}}}\n", 1)
-        # globex may use Claude, with a budget too small for any call.
-        return text.replace("    models: [gpt-4o-mini]\n", "    models: [gpt-4o-mini, claude-small]\n"
-                            "    budget: {usd: \"0.000001\", period: total}\n", 1)
-    return edit
 
 
 @pytest.fixture(scope="module")
 def claude(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClaudeStack]:
-    os.environ["GATEWAY_TEST_ANTHROPIC_KEY"] = UPSTREAM_KEY
-    sim = create_anthropic_app(AnthropicSimConfig(api_keys=[UPSTREAM_KEY]))
-    tmp: Path = tmp_path_factory.mktemp("claude")
-    with run_asgi_in_thread(sim) as sim_url, running_stack(tmp, edit_policy=_add_claude(sim_url)) as stack:
-        yield ClaudeStack(stack, sim, sim_url)
-
-
-def formula(record: Any) -> Decimal:
-    """What the provider billed for one call, at the model's prices in the policy."""
-    return (record.uncached_input * PRICE["input"] + record.cache_read * PRICE["cached_input"]
-            + (record.cache_write_5m + record.cache_write_1h) * PRICE["cache_write"]
-            + record.output * PRICE["output"]) / 1_000_000
+    with running_claude_stack(tmp_path_factory.mktemp("claude")) as running:
+        yield running
 
 
 def assert_nothing_of_the_provider(claude: ClaudeStack, headers: httpx.Headers, body: str) -> None:
@@ -143,6 +103,30 @@ def test_cache_writes_and_reads_are_billed_at_their_own_prices(claude: ClaudeSta
     assert costs[1] < costs[0]
 
 
+def test_one_hour_cache_writes_are_billed_at_their_own_rate(claude: ClaudeStack) -> None:
+    client = claude.client()
+    system: Any = [{"type": "text", "text": "An hour-long policy. " + LONG_POLICY, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    ask: dict[str, Any] = {"model": "claude-small", "max_tokens": 16, "system": system,
+                           "messages": [{"role": "user", "content": "Is invoice 3 overdue?"}]}
+    raw = client.messages.with_raw_response.create(**ask)
+    written = claude.sim.state.usage[-1]
+    assert raw.parse().usage.cache_creation is not None
+    assert raw.parse().usage.cache_creation.ephemeral_1h_input_tokens == written.cache_write_1h > 1024
+    assert written.cache_write_5m == 0
+    hour_rate = litellm_one_hour_rate()
+    assert hour_rate > PRICE["cache_write"]  # the policy names no 1-hour rate: litellm's applies
+    expected = (written.uncached_input * PRICE["input"] + written.cache_write_1h * hour_rate
+                + written.output * PRICE["output"]) / 1_000_000
+    assert Decimal(raw.headers["x-gateway-cost-usd"]) == expected == formula(written)
+    task_id = _task(claude)  # streamed, a read of what the first call wrote
+    with client.messages.stream(**ask, extra_headers={"x-task-id": task_id}) as stream:
+        stream.until_done()
+    read = claude.sim.state.usage[-1]
+    assert read.cache_read == written.cache_write_1h and read.cache_write_1h == 0
+    [booked] = _books(claude, task_id)
+    assert Decimal(booked["cost_usd"]) == formula(read)
+
+
 def test_a_bad_key_is_an_authentication_error(claude: ClaudeStack) -> None:
     with pytest.raises(anthropic.AuthenticationError) as caught:
         claude.client(key="sk-gw-not-a-key").messages.create(
@@ -159,10 +143,11 @@ def test_an_unknown_model_is_not_found(claude: ClaudeStack) -> None:
     assert "claude-nonesuch" in caught.value.message
 
 
-def test_a_model_whose_upstream_speaks_openai_is_a_bad_request(claude: ClaudeStack) -> None:
-    with pytest.raises(anthropic.BadRequestError) as caught:
-        claude.client().messages.create(model="gpt-4o-mini", max_tokens=16, messages=[{"role": "user", "content": "Hi"}])
-    assert "kind: anthropic" in caught.value.message
+def test_a_model_whose_upstream_speaks_openai_answers_in_the_messages_shape(claude: ClaudeStack) -> None:
+    # Once a 400 ("not kind: anthropic"); now translated both ways (tests/e2e/test_anthropic_cross.py).
+    message = claude.client().messages.create(model="gpt-4o-mini", max_tokens=16, messages=[{"role": "user", "content": "Hi"}])
+    assert message.type == "message" and message.content[0].type == "text" and message.content[0].text
+    assert message.stop_reason in ("end_turn", "max_tokens")
 
 
 def test_a_missing_max_tokens_is_a_bad_request_in_anthropic_shape(claude: ClaudeStack) -> None:

@@ -225,3 +225,12 @@ def test_an_injected_call_is_billed_in_both_reports(start_sim: Callable[..., tup
     price = app.config.prices[MODEL]
     [billed] = app.state.usage
     assert billed.cache_write_1h == 1000 and price.cache_write_1h == 2 * price.input  # 1-hour writes at their own rate
+
+
+def test_system_turns_mid_conversation_need_their_beta(start_sim: Callable[..., tuple[str, AnthropicSimulator]]) -> None:
+    url, _ = start_sim()
+    turns: Any = [{"role": "user", "content": "Hi"}, {"role": "system", "content": "Be brief."}]
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\.1\.role"):
+        client(url).messages.create(model=MODEL, max_tokens=8, messages=turns)
+    beta = client(url, default_headers={"anthropic-beta": "claude-code-20250219,mid-conversation-system-2026-04-07"})
+    assert beta.messages.create(model=MODEL, max_tokens=8, messages=turns).type == "message"

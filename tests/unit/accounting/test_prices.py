@@ -170,6 +170,30 @@ def test_cache_writes_are_billed_at_the_cache_write_price() -> None:
     assert sonnet.cost_pico(usage) == 6_900_000_000
 
 
+def test_one_hour_cache_writes_are_billed_at_their_own_price() -> None:
+    sonnet = PriceQuote(Decimal("3"), Decimal("0.30"), Decimal("3.75"), Decimal("15"), "test", None, cache_write_1h=Decimal("6"))
+    usage = Usage(prompt_tokens=2_000, cached_tokens=500, cache_write_tokens=1_000, cache_write_1h_tokens=600, completion_tokens=100)
+    # 500 x 3 + 500 x 0.30 + 400 x 3.75 + 600 x 6 + 100 x 15
+    assert sonnet.cost_pico(usage) == 8_250_000_000
+    odd = PriceQuote(Decimal("3"), Decimal("0.30"), Decimal("3.75"), Decimal("15"), "test", None, cache_write_1h=Decimal("6.0000001"))
+    assert odd.per_token is None and odd.cost_pico(usage) == 8_250_000_000 + 60  # 600 x 0.0000001 USD per 1M, exact
+    assert sonnet.worst_case_pico(1, 0) == 6_000_000  # the dearest input-side rate bounds a hold
+
+
+def test_a_one_hour_rate_falls_back_to_litellms_then_to_the_cache_write_price(tmp_path: Path) -> None:
+    entry = litellm_entry("claude-sonnet-4-5")
+    cat = catalog(tmp_path)
+    anthropic_style = Price(input=Decimal("3"), output=Decimal("15"), cache_write=Decimal("3.75"))
+    found = cat.quote("claude", "claude-sonnet-4-5", anthropic_style, NOW)
+    assert found is not None and found.cache_write_1h == entry["cache_creation_input_token_cost_above_1hr"] * 1_000_000
+    own = cat.quote("claude", "claude-sonnet-4-5", Price(input=Decimal("3"), output=Decimal("15"), cache_write=Decimal("3.75"),
+                                                         cache_write_1h=Decimal("7")), NOW)
+    assert own is not None and own.cache_write_1h == Decimal("7")
+    unknown = cat.quote("claude", "claude-nonesuch", anthropic_style, NOW)
+    assert unknown is not None and unknown.cache_write_1h == Decimal("3.75")
+    assert quote(cat, "claude-sonnet-4-5").cache_write_1h == entry["cache_creation_input_token_cost_above_1hr"] * 1_000_000
+
+
 def test_one_token_costs_exactly_its_price() -> None:
     assert GPT_4O_MINI.cost_pico(Usage(prompt_tokens=1)) == 150_000
     assert GPT_4O_MINI.cost_pico(Usage(completion_tokens=1)) == 600_000
