@@ -36,9 +36,11 @@ log = logging.getLogger("gateway.upstreams")
 
 
 class Retrier:
-    def __init__(self, health: UpstreamHealth, rng: random.Random | None = None) -> None:
+    def __init__(self, health: UpstreamHealth, rng: random.Random | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.health = health
         self._rng = rng or random.Random()
+        self._sleep = sleep  # tests pass one that records the waits instead of waiting
         self._upstream_budgets: dict[str, RetryBudget] = {}
         self._task_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
 
@@ -101,7 +103,7 @@ class Retrier:
                     delay = retry_delay(number, limits, base_s=config.base_s, cap_s=config.cap_s, rng=self._rng)
                     if time.monotonic() + delay >= ctx.deadline:
                         break  # waiting would overrun the deadline: fail over, or give up now
-                    await asyncio.sleep(delay)
+                    await self._sleep(delay)
                     continue
                 attempt = ctx.final_attempt
                 self.health.record_success(target.upstream, attempt.limit_headers if attempt else None)
@@ -114,7 +116,7 @@ class Retrier:
             return
         if time.monotonic() + pause >= ctx.deadline:
             raise UpstreamTimeout(f"upstream `{target.upstream}` reported its limit exhausted for {pause:.1f}s, past this request's deadline")
-        await asyncio.sleep(pause)
+        await self._sleep(pause)
 
 
 def _not_served(ctx: RequestContext, target: ModelTarget, exc: ModelNotFound) -> ModelNotFound:

@@ -37,8 +37,7 @@ from gateway.routing.reload import PolicyHolder
 from gateway.routing.resolved import ModelTarget, RouteRequest, RuntimePolicy
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
-from gateway.upstreams.base import PoolRequest, Upstream, UpstreamStream
-from gateway.upstreams.registry import UpstreamRegistry
+from gateway.upstreams.base import PoolRequest, Upstream, UpstreamSource, UpstreamStream
 from gateway.upstreams.translate import error_from_reply
 from gateway.verify.signals import Verifier
 
@@ -67,7 +66,7 @@ class PipelineParts:
     """Everything the stages use, built once in the app's lifespan."""
 
     policies: PolicyHolder
-    upstreams: UpstreamRegistry
+    upstreams: UpstreamSource
     metrics: Metrics
     salts: TenantSalts
     accounting: Accounting

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,4 +66,14 @@ class Upstream(Protocol):
         `aiter_raw` raises StreamBroken with `deadline` set, or this raises UpstreamTimeout."""
         ...
 
+    def with_headers(self, headers: Mapping[str, str]) -> Upstream:
+        """This upstream, sending `headers` too on each request (a client's protocol version)."""
+        ...
+
     async def aclose(self) -> None: ...
+
+
+class UpstreamSource(Protocol):
+    """Where the pipeline finds the upstream a policy names (upstreams/registry.py)."""
+
+    def get(self, name: str) -> Upstream: ...

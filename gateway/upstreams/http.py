@@ -219,5 +219,8 @@ class WithHeaders:
     async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> HttpStream:
         return await self.upstream.open_stream(path, body, timeout_s, pool, headers=self.headers)
 
+    def with_headers(self, headers: Mapping[str, str]) -> WithHeaders:
+        return WithHeaders(self.upstream, {**self.headers, **headers})
+
     async def aclose(self) -> None:
         """The connections are the upstream's: closing a view of them closes nothing."""

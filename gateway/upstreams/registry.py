@@ -12,6 +12,7 @@ import contextlib
 from gateway.routing.policy import Policy
 from gateway.routing.policy import Upstream as UpstreamConfig
 from gateway.upstreams.anthropic import AnthropicUpstream
+from gateway.upstreams.base import Upstream
 from gateway.upstreams.http import HttpUpstream
 from gateway.upstreams.pool import Pool
 
@@ -24,7 +25,7 @@ class UpstreamRegistry:
         self._live: dict[str, HttpUpstream] = {}
         self._retiring: dict[asyncio.Task[None], HttpUpstream] = {}
 
-    def get(self, name: str) -> HttpUpstream:
+    def get(self, name: str) -> Upstream:
         return self._live[name]
 
     def pools(self) -> list[HttpUpstream]:
