@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from gateway.accounting.price_sources import LitellmMap
 from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskStore
+from gateway.accounting.tokens import Tokenizers
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.admission.buckets import InProcessBuckets
 from gateway.admission.gate import AdmissionGate
@@ -33,6 +35,7 @@ from gateway.caching.response_cache import ResponseCache
 from gateway.caching.salts import TenantSalts
 from gateway.caching.store import MemoryStore
 from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
+from gateway.errors import GatewayError
 from gateway.pipeline.retry import Retrier
 from gateway.pipeline.runner import JsonReply, Pipeline, PipelineParts, StreamReply
 from gateway.routing.reload import PolicyHolder
@@ -41,7 +44,7 @@ from gateway.telemetry.metrics import Metrics
 from gateway.upstreams.base import Upstream
 from gateway.upstreams.health import UpstreamHealth
 from gateway.verify.signals import Verifier
-from tests.fakes.upstream import FakeUpstream
+from tests.fakes.upstream import FakeUpstream, Reply
 
 T = TypeVar("T")
 KEY = "sk-acme"  # tenant `acme`: no limits, no budget
@@ -54,11 +57,13 @@ BASE_POLICY: dict[str, Any] = {
     "defaults": {"max_output_tokens": 100, "request_timeout_s": 30,
                  "retry": {"max_attempts": 3, "base_s": 0.5, "cap_s": 8, "budget_ratio": 10, "cooldown_after": 100}},
     "upstreams": {"hosted": {"kind": "openai", "base_url": "http://hosted.test/v1"},
-                  "backup": {"kind": "openai", "base_url": "http://backup.test/v1"}},
+                  "backup": {"kind": "openai", "base_url": "http://backup.test/v1"},
+                  "anthropic": {"kind": "anthropic", "base_url": "http://anthropic.test"}},
     "models": {
         "small": {"upstream": "hosted", "upstream_model": "small-v1", "price": {"input": 1, "output": 2}, "fallbacks": ["spare"]},
         "spare": {"upstream": "backup", "price": {"input": 3, "output": 6}},
         "large": {"upstream": "backup", "price": {"input": 10, "output": 20}},
+        "claude": {"upstream": "anthropic", "price": {"input": 3, "output": 15}},
     },
     "tenants": {"acme": {"api_keys": [key_digest(KEY)]}},
     "routes": {"checked": {"chain": ["small", "large"], "escalate_when": ["truncated"]}},
@@ -77,6 +82,22 @@ def policy(**tenants: dict[str, Any]) -> dict[str, Any]:
 def pico(prompt: int, completion: int, input_usd: int, output_usd: int) -> int:
     """The cost in pico-dollars of a call priced per 1M tokens in whole dollars."""
     return (prompt * input_usd + completion * output_usd) * MILLION
+
+
+def upstreams(**scripts: FakeUpstream | Reply) -> dict[str, FakeUpstream]:
+    """A fake for each upstream of the base policy: the given ones (a reply scripts one
+    of that name), the rest answering `answer()`."""
+    made = {name: FakeUpstream(name) for name in BASE_POLICY["upstreams"]}
+    for name, given in scripts.items():
+        made[name] = given if isinstance(given, FakeUpstream) else FakeUpstream(name, given)
+    return made
+
+
+@functools.cache
+def shared_tokenizers() -> Tokenizers:
+    """Encoders are read-only once loaded and take ~0.5 s each to load: one set for the
+    whole test session."""
+    return Tokenizers()
 
 
 class FakeUpstreams:
@@ -156,7 +177,8 @@ async def fake_gateway(directory: Path, upstreams: Mapping[str, FakeUpstream], p
         policies=PolicyHolder(policy_file), upstreams=FakeUpstreams(upstreams), metrics=Metrics(), salts=TenantSalts(SECRET),
         accounting=accounting, retrier=Retrier(UpstreamHealth(), sleep=record_wait),
         admission=AdmissionGate(AdmissionQueue(InProcessBuckets())), cache=ResponseCache(MemoryStore(1024 * 1024), SECRET),
-        hygiene=PrefixHygiene(), volatility=VolatilityDetector(), verifier=Verifier(), ids=IdSource())
+        hygiene=PrefixHygiene(), volatility=VolatilityDetector(), verifier=Verifier(), ids=IdSource(),
+        tokenizers=shared_tokenizers())
     gateway = FakeGateway(Pipeline(parts), dict(upstreams), reader, waits)
     try:
         yield gateway
@@ -176,3 +198,30 @@ def with_gateway(directory: Path, upstreams: Mapping[str, FakeUpstream], scenari
             return await scenario(gateway)
 
     return asyncio.run(main())
+
+
+@dataclass
+class Outcome:
+    replies: list[Any]  # each call's reply, or the GatewayError it raised
+    events: list[dict[str, Any]]  # the ledger's usage events
+    holds: list[dict[str, Any]]  # the ledger's reservations
+    waits: list[float]  # retry waits asked for, in seconds
+
+
+def make_calls(directory: Path, fakes: Mapping[str, FakeUpstream], *calls: Mapping[str, Any],
+               policy_fields: Mapping[str, Any] | None = None) -> Outcome:
+    """Make `calls` one after another (each: a body under `body`, the rest headers as
+    `FakeGateway.call` takes them); what came of them."""
+
+    async def scenario(gw: FakeGateway) -> Outcome:
+        replies: list[Any] = []
+        for call in calls:
+            fields = dict(call)
+            body = fields.pop("body", chat())
+            try:
+                replies.append(await gw.call(body, **fields))
+            except GatewayError as exc:
+                replies.append(exc)
+        return Outcome(replies, await gw.events(), await gw.holds(), gw.waits)
+
+    return with_gateway(directory, fakes, scenario, policy_fields)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,6 +147,9 @@ class FakeUpstream:
         self.sent: list[Sent] = [] if sent is None else sent
         self.max_event_bytes = max_event_bytes
         self._headers = headers or {}
+        # Runs as each call arrives, before it is answered: to look at what the gateway
+        # had done by then (its hold, say).
+        self.on_call: Callable[[Sent], Awaitable[None]] | None = None
 
     def then(self, *replies: Reply) -> FakeUpstream:
         self.script.extend(replies)
@@ -155,6 +158,7 @@ class FakeUpstream:
     def with_headers(self, headers: Mapping[str, str]) -> FakeUpstream:
         view = FakeUpstream(self.name, kind=self.kind, headers={**self._headers, **headers}, sent=self.sent)
         view.script = self.script  # one script, whichever view is called
+        view.on_call = self.on_call
         return view
 
     @property
@@ -169,6 +173,8 @@ class FakeUpstream:
 
     async def send(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> UpstreamReply:
         reply, sent = self._next(path, body, timeout_s, pool, stream=False)
+        if self.on_call is not None:
+            await self.on_call(sent)
         await _before_answer(reply, sent)
         if reply.chunks is not None:
             return UpstreamReply(reply.status, dict(reply.headers), b"".join(reply.chunks), "fake://replica")
@@ -176,6 +182,8 @@ class FakeUpstream:
 
     async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> FakeStream:
         reply, sent = self._next(path, body, timeout_s, pool, stream=True)
+        if self.on_call is not None:
+            await self.on_call(sent)
         await _before_answer(reply, sent)
         return FakeStream(reply, sent, self.max_event_bytes)
 
