@@ -134,6 +134,9 @@ class FakeGateway:
     async def holds(self) -> list[dict[str, Any]]:
         return await self._rows("SELECT * FROM reservations ORDER BY created_at, id")
 
+    async def budgets(self) -> dict[str, dict[str, Any]]:
+        return {row["id"]: row for row in await self._rows("SELECT * FROM budgets")}
+
     async def _rows(self, query: str) -> list[dict[str, Any]]:
         await self.accounting.flush()
         with self.reader.connect() as conn:

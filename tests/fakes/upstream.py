@@ -21,7 +21,8 @@ DONE = b"data: [DONE]\n\n"
 @dataclass(frozen=True, slots=True)
 class Reply:
     """One scripted outcome. `raises`: raised instead of answering; `hang`: never
-    answers (or, with `chunks`, stops after them) until the caller cancels."""
+    answers (or, with `chunks`, stops after them) until the caller cancels;
+    `held_until`: answers once the test sets it."""
 
     status: int = 200
     body: bytes = b""
@@ -29,6 +30,7 @@ class Reply:
     chunks: tuple[bytes, ...] | None = None
     raises: GatewayError | StreamBroken | None = None
     hang: bool = False
+    held_until: asyncio.Event | None = None  # answers only once this is set
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:
@@ -196,6 +198,8 @@ async def _before_answer(reply: Reply, sent: Sent) -> None:
         raise reply.raises
     if reply.hang and reply.chunks is None:
         await _wait_forever(sent)
+    if reply.held_until is not None:
+        await reply.held_until.wait()
 
 
 async def _wait_forever(sent: Sent) -> None:
