@@ -109,6 +109,7 @@ class Services:
             policies=policies, upstreams=upstreams, metrics=metrics, salts=salts, accounting=accounting, retrier=retrier,
             admission=admission, cache=ResponseCache(store, secret), hygiene=PrefixHygiene(), volatility=VolatilityDetector(),
             verifier=Verifier(), ids=IdSource(), tokenizers=tokenizers))
+        metrics.watch_in_flight(lambda: pipeline.serving)
         tools = ToolRunner(policies, ToolClient(), ToolCache(store, secret), accounting)
         responses = ResponsesService(pipeline, ResponseStore(writer, reader))
         return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, responses, redis)

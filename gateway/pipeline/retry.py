@@ -23,7 +23,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.pipeline.context import RequestContext
+from gateway.pipeline.context import Attempt, RequestContext
 from gateway.routing.policy import Retry
 from gateway.routing.resolved import ModelTarget
 from gateway.upstreams.backoff import CONNECT, HTTP, TIMEOUT, RetryBudget, classify_http_error, is_retryable, retry_delay
@@ -59,7 +59,8 @@ class Retrier:
         return budgets
 
     async def call(self, ctx: RequestContext, targets: list[ModelTarget], config: Retry,
-                   send: Callable[[ModelTarget], Awaitable[T]]) -> T:
+                   send: Callable[[ModelTarget], Awaitable[tuple[Attempt, T]]]) -> tuple[Attempt, T]:
+        """`send` makes one attempt and returns it with its result, or raises."""
         errors: list[GatewayError] = []
         for target in targets:
             cooling = await self.health.cooldown_left(target.upstream)
@@ -105,8 +106,7 @@ class Retrier:
                         break  # waiting would overrun the deadline: fail over, or give up now
                     await self._sleep(delay)
                     continue
-                attempt = ctx.final_attempt
-                self.health.record_success(target.upstream, attempt.limit_headers if attempt else None)
+                self.health.record_success(target.upstream, result[0].limit_headers)
                 return result
         raise _final_error(errors)
 

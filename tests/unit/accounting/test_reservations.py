@@ -96,3 +96,27 @@ def test_a_stream_the_client_left_is_booked_at_what_it_was_sent(tmp_path: Path) 
     assert (event["status"], event["estimated"]) == ("cancelled", 1)
     assert event["completion_tokens"] > 0, "what reached the client is counted"
     assert 0 < event["cost_pico"] <= holds[0]["amount_pico"]
+
+
+def test_a_bug_mid_call_still_ends_the_reservation(tmp_path: Path) -> None:
+    hosted = FakeUpstream("hosted", answer())
+
+    async def bug(_: Sent) -> None:
+        raise RuntimeError("a bug in the gateway")
+
+    hosted.on_call = bug
+
+    async def scenario(gw: FakeGateway) -> Books:
+        try:
+            await gw.call(chat(), key="sk-rich")
+        except RuntimeError:
+            pass
+        return await books(gw)
+
+    events, holds, budgets = with_gateway(tmp_path, {"hosted": hosted}, scenario, RICH)
+    # The call may have reached the provider: booked at its estimate, and nothing left held.
+    (event,) = events
+    assert (event["status"], event["estimated"]) == ("pending", 1) and event["cost_pico"] > 0
+    assert [(h["state"], h["settled_pico"]) for h in holds] == [("settled", event["cost_pico"])]
+    (budget,) = budgets.values()
+    assert (budget["reserved_pico"], budget["spent_pico"]) == (0, event["cost_pico"])
