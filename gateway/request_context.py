@@ -63,7 +63,6 @@ class RequestContext:
     claims: list[BudgetClaim] = field(default_factory=list)  # budgets this request draws on
     holds: list[Hold] = field(default_factory=list)
     cost_pico: int = 0
-    finished: bool = False
     status: int = 200
     response_headers: dict[str, str] = field(default_factory=dict)
     upstream_headers: dict[str, str] = field(default_factory=dict)  # the client's, passed on (anthropic-version)

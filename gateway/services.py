@@ -105,9 +105,11 @@ class Services:
         redis, buckets, store = _shared_state(settings, policies.current.policy.defaults.response_cache_max_bytes)
         retrier = Retrier(UpstreamHealth(redis, settings.gateway_redis_prefix))
         admission = AdmissionGate(AdmissionQueue(buckets))
-        pipeline = Pipeline(PipelineParts(policies, upstreams, metrics, salts, accounting, retrier, admission,
-                                          ResponseCache(store, secret), PrefixHygiene(), VolatilityDetector(), Verifier(), IdSource(),
-                                          tokenizers))
+        pipeline = Pipeline(PipelineParts(
+            policies=policies, upstreams=upstreams, metrics=metrics, salts=salts, accounting=accounting, retrier=retrier,
+            admission=admission, cache=ResponseCache(store, secret), hygiene=PrefixHygiene(), volatility=VolatilityDetector(),
+            verifier=Verifier(), ids=IdSource(), tokenizers=tokenizers))
+        metrics.watch_in_flight(lambda: pipeline.serving)
         tools = ToolRunner(policies, ToolClient(), ToolCache(store, secret), accounting)
         responses = ResponsesService(pipeline, ResponseStore(writer, reader))
         return cls(settings, policies, upstreams, metrics, pipeline, ledger, accounting, writer, reader, tools, responses, redis)

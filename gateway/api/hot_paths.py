@@ -51,9 +51,9 @@ class HotPaths:
 
     async def __call__(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         services = self.services
-        metrics = services.metrics
+        pipeline = services.pipeline
         anthropic = endpoint in ANTHROPIC_ENDPOINTS
-        metrics.serving += 1  # until the reply is sent to its end (a stream's last event)
+        pipeline.serving += 1  # until the reply is sent to its end (a stream's last event)
         try:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             try:
@@ -72,7 +72,7 @@ class HotPaths:
             if watch.fired():
                 log.debug("the client hung up on POST %s", scope["path"])
         finally:
-            metrics.serving -= 1
+            pipeline.serving -= 1
 
     async def _answer(self, endpoint: str, path: str, raw: bytes, headers: dict[str, str], send: Send, anthropic: bool) -> None:
         try:

@@ -24,6 +24,7 @@ from gateway.upstreams.sse import SseRelay
 from gateway.upstreams.translate import error_from_reply, limit_headers
 
 T = TypeVar("T")
+Answer = tuple[dict[str, Any], bytes]  # an upstream's JSON answer, parsed and as it came
 MAX_ERROR_BODY = 64 * 1024
 MAX_KEPT_BYTES = 4 * 1024 * 1024
 
@@ -78,8 +79,8 @@ def _note_reply(attempt: Attempt, status: int, replica: str, headers: dict[str, 
 
 async def send_once(
     ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes, pool: PoolRequest | None = None
-) -> tuple[dict[str, Any], bytes]:
-    """Returns the parsed upstream body and its raw bytes (passed to the client as-is)."""
+) -> tuple[Attempt, Answer]:
+    """The attempt, and the parsed upstream body with its raw bytes (passed to the client as-is)."""
     attempt = _new_attempt(ctx, target)
     reply = await _within_deadline(ctx, attempt, upstream, "answer", lambda t: upstream.send(ctx.path, payload, t, pool))
     _note_reply(attempt, reply.status, reply.replica, reply.headers)
@@ -97,7 +98,7 @@ async def send_once(
         attempt.usage = messages.usage_of(usage) if ctx.endpoint == messages.MESSAGES else Usage.from_openai(usage)
     attempt.status = "ok"
     attempt.timeline.first_token = attempt.timeline.last_token = attempt.timeline.end
-    return body, reply.body
+    return attempt, (body, reply.body)
 
 
 async def open_stream(ctx: RequestContext, upstream: Upstream, target: ModelTarget, payload: bytes,

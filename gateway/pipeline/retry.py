@@ -23,7 +23,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.request_context import RequestContext
+from gateway.request_context import Attempt, RequestContext
 from gateway.routing.policy import Retry
 from gateway.routing.resolved import ModelTarget
 from gateway.upstreams.backoff import CONNECT, HTTP, QUOTA, TIMEOUT, RetryBudget, classify_http_error, is_retryable, retry_delay
@@ -36,9 +36,11 @@ log = logging.getLogger("gateway.upstreams")
 
 
 class Retrier:
-    def __init__(self, health: UpstreamHealth, rng: random.Random | None = None) -> None:
+    def __init__(self, health: UpstreamHealth, rng: random.Random | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.health = health
         self._rng = rng or random.Random()
+        self._sleep = sleep  # tests pass one that records the waits instead of waiting
         self._upstream_budgets: dict[str, RetryBudget] = {}
         self._task_budgets: OrderedDict[str, RetryBudget] = OrderedDict()
 
@@ -57,7 +59,8 @@ class Retrier:
         return budgets
 
     async def call(self, ctx: RequestContext, targets: list[ModelTarget], config: Retry,
-                   send: Callable[[ModelTarget], Awaitable[T]]) -> T:
+                   send: Callable[[ModelTarget], Awaitable[tuple[Attempt, T]]]) -> tuple[Attempt, T]:
+        """`send` makes one attempt and returns it with its result, or raises."""
         errors: list[GatewayError] = []
         for target in targets:
             cooling = await self.health.cooldown_left(target.upstream)
@@ -103,10 +106,9 @@ class Retrier:
                     delay = retry_delay(number, limits, base_s=config.base_s, cap_s=config.cap_s, rng=self._rng)
                     if time.monotonic() + delay >= ctx.deadline:
                         break  # waiting would overrun the deadline: fail over, or give up now
-                    await asyncio.sleep(delay)
+                    await self._sleep(delay)
                     continue
-                attempt = ctx.final_attempt
-                self.health.record_success(target.upstream, attempt.limit_headers if attempt else None)
+                self.health.record_success(target.upstream, result[0].limit_headers)
                 return result
         raise _final_error(errors)
 
@@ -116,7 +118,7 @@ class Retrier:
             return
         if time.monotonic() + pause >= ctx.deadline:
             raise UpstreamTimeout(f"upstream `{target.upstream}` reported its limit exhausted for {pause:.1f}s, past this request's deadline")
-        await asyncio.sleep(pause)
+        await self._sleep(pause)
 
 
 def _not_served(ctx: RequestContext, target: ModelTarget, exc: ModelNotFound) -> ModelNotFound:

@@ -3,16 +3,14 @@ and write the RequestContext; this module is the only one that knows their order
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import anyio
 import orjson
 
-from gateway.accounting.books import UNCONFIRMED, Accounting
+from gateway.accounting.books import Accounting
 from gateway.accounting.money import usd
 from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
@@ -25,10 +23,9 @@ from gateway.caching.volatility import PrefixHygiene, VolatilityDetector
 from gateway.errors import AuthenticationFailed, GatewayError, InvalidRequest
 from gateway.pipeline import forward, messages
 from gateway.pipeline.escalation import checks_for, run_chain
-from gateway.pipeline.observe import record_request
 from gateway.pipeline.parse import check_body, output_bound, parse_json_object, response_format_kind
+from gateway.pipeline.reservation import Reservation
 from gateway.pipeline.retry import Retrier
-from gateway.pipeline.usage_estimate import estimate_usage
 from gateway.request_context import Attempt, RequestContext
 from gateway.routing.policy import Route
 from gateway.routing.prefix_blocks import prompt_text
@@ -38,8 +35,7 @@ from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
 from gateway.tokens.counting import Tokenizers
 from gateway.tokens.prompt_size import PromptSize
-from gateway.upstreams.base import PoolRequest, Upstream, UpstreamStream
-from gateway.upstreams.registry import UpstreamRegistry
+from gateway.upstreams.base import PoolRequest, Upstream, UpstreamSource, UpstreamStream
 from gateway.upstreams.translate import error_from_reply
 from gateway.verify.signals import Verifier
 
@@ -68,7 +64,7 @@ class PipelineParts:
     """Everything the stages use, built once in the app's lifespan."""
 
     policies: PolicyHolder
-    upstreams: UpstreamRegistry
+    upstreams: UpstreamSource
     metrics: Metrics
     salts: TenantSalts
     accounting: Accounting
@@ -87,6 +83,9 @@ class Pipeline:
         self.parts = parts
         self.policies = parts.policies
         self.accounting = parts.accounting
+        # Client requests on the model endpoints that have arrived and not yet been answered
+        # to the end (a stream counts until its last event), kept by api/hot_paths.py.
+        self.serving = 0
 
     async def run(self, endpoint: str, raw_body: bytes, headers: Mapping[str, str]) -> JsonReply | StreamReply:
         # One policy for the whole request, even if a reload swaps it meanwhile.
@@ -94,36 +93,42 @@ class Pipeline:
                              policy=self.policies.current)
         p = self.parts
         try:
-            self.authenticate(ctx, headers, ctx.policy)
-            await self.parse_and_estimate(ctx, raw_body, headers)
-            if endpoint == messages.COUNT_TOKENS:
-                return await self.count_tokens(ctx)
-            task = await self.accounting.task_for(ctx)
-            # A cached answer spends nothing upstream, so it needs neither capacity nor a hold.
-            cached = await self.serve_from_cache(ctx, headers.get("cache-control", ""))
-            if cached is not None:
-                return cached
-            ctx.admitted = await p.admission.admit(ctx, ctx.policy, headers.get("x-priority"))
-            await self.accounting.reserve(ctx, ctx.policy, task)
-            route = self.checked_route(ctx)
-            if route is not None:
-                return await self.call_route(ctx, route, headers)
-            if ctx.stream:
-                return await self.call_streaming(ctx)
-            return await self.call(ctx)
-        except BaseException as exc:
-            # Whatever went wrong - a refusal, an upstream failure, a bug, the client
-            # leaving - the attempts made so far are booked and the hold is ended.
-            status = exc.http_status if isinstance(exc, GatewayError) else 499 if isinstance(exc, asyncio.CancelledError) else 500
-            with anyio.CancelScope(shield=True):
-                await self.finish(ctx, status)
-            if isinstance(exc, GatewayError):
-                exc.headers.setdefault("x-request-id", ctx.request_id)
-                if ctx.attempts:
-                    exc.headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
+            # Whatever happens inside - an answer, a refusal, an upstream failure, a bug,
+            # the client leaving - the request ends on the way out (pipeline/reservation.py).
+            async with Reservation(ctx, self.accounting, p.admission, p.metrics, p.tokenizers) as reservation:
+                reply = await self.stages(ctx, raw_body, headers, reservation)
+        except GatewayError as exc:
+            exc.headers.setdefault("x-request-id", ctx.request_id)
+            if ctx.attempts:
+                exc.headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
             raise
+        if reservation.ended and ctx.attempts:  # what it cost is known once it has ended
+            reply.headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
+            if ctx.task_id is not None and isinstance(reply, JsonReply):
+                await self.add_task_spent(ctx.task_id, reply.headers)
+        return reply
 
     # -- stages, in order -------------------------------------------------------------
+
+    async def stages(self, ctx: RequestContext, raw_body: bytes, headers: Mapping[str, str],
+                     reservation: Reservation) -> JsonReply | StreamReply:
+        self.authenticate(ctx, headers, ctx.policy)
+        await self.parse_and_estimate(ctx, raw_body, headers)
+        if ctx.endpoint == messages.COUNT_TOKENS:
+            return await self.count_tokens(ctx)
+        task = await self.accounting.task_for(ctx)
+        # A cached answer spends nothing upstream, so it needs neither capacity nor a hold.
+        cached = await self.serve_from_cache(ctx, headers.get("cache-control", ""))
+        if cached is not None:
+            return cached
+        ctx.admitted = await self.parts.admission.admit(ctx, ctx.policy, headers.get("x-priority"))
+        await reservation.hold(task)
+        route = self.checked_route(ctx)
+        if route is not None:
+            return await self.call_route(ctx, route, headers)
+        if ctx.stream:
+            return await self.call_streaming(ctx, reservation.ended_by_relay())
+        return await self.call(ctx)
 
     def authenticate(self, ctx: RequestContext, headers: Mapping[str, str], policy: RuntimePolicy) -> None:
         owner = self.identify(headers, policy, x_api_key=ctx.endpoint in messages.ENDPOINTS)
@@ -193,7 +198,6 @@ class Pipeline:
             return None
         ctx.cache.status = HIT
         ctx.cache_answer = answer
-        await self.finish(ctx, 200)
         headers = {**self.response_headers(ctx), "x-gateway-model": answer.model, "x-gateway-upstream": answer.upstream,
                    "x-gateway-cost-usd": usd(0)}
         if not ctx.stream:
@@ -238,15 +242,16 @@ class Pipeline:
         salt = self.parts.salts.cache_salt(cache_scope(ctx.policy, ctx.tenant))
         return PoolRequest(ctx.tenant, prompt_text(ctx.endpoint, ctx.body), salt, ctx.deadline, can_spill)
 
-    async def attempt(self, ctx: RequestContext, send: Callable[[ModelTarget, bytes, PoolRequest | None], Awaitable[T]],
-                      first: ModelTarget | None = None) -> T:
+    async def attempt(self, ctx: RequestContext,
+                      send: Callable[[ModelTarget, bytes, PoolRequest | None], Awaitable[tuple[Attempt, T]]],
+                      first: ModelTarget | None = None) -> tuple[Attempt, T]:
         """Every upstream attempt goes through the retry module; attempts after the
         first are covered by a budget hold first (a pricier fallback, or a retry
         after an attempt that may have been billed, needs more held)."""
         policy = ctx.policy
         targets = self.failover_targets(policy, first or ctx.targets[0])
 
-        async def covered(target: ModelTarget) -> T:
+        async def covered(target: ModelTarget) -> tuple[Attempt, T]:
             if ctx.attempts:
                 await self.accounting.cover(ctx, policy, target)
             self.accounting.backlog.soon()  # earlier answers' books, while this one is on the wire
@@ -270,29 +275,25 @@ class Pipeline:
         headers = {"x-request-id": ctx.request_id, "x-gateway-model": target.name, "x-gateway-upstream": target.upstream}
         if not messages.speaks_messages(target):  # no count to ask for: the gateway's own tokenizer counts
             counted = await ctx.prompt.count()
-            await self.finish(ctx, 200)
             return JsonReply(200, orjson.dumps({"input_tokens": counted}), headers)
         upstream = self.upstream_for(ctx, target)
         reply = await upstream.send(ctx.path, self.prepare_upstream_body(ctx, target), forward.remaining_s(ctx))
         if reply.status != 200:
             raise error_from_reply(upstream.name, reply.status, reply.headers, reply.body, upstream.secrets)
-        await self.finish(ctx, 200)  # counted as a request; with no attempt, nothing is booked
         return JsonReply(200, reply.body, headers)
 
     async def call(self, ctx: RequestContext) -> JsonReply:
-        async def send(target: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[dict[str, Any], bytes]:
+        async def send(target: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[Attempt, forward.Answer]:
             return await forward.send_once(ctx, self.upstream_for(ctx, target), target, payload, pool)
 
-        body, raw = await self.attempt(ctx, send)
-        await self.finish(ctx, 200)
+        _, (body, raw) = await self.attempt(ctx, send)
         await self.remember(ctx, body, raw)
-        headers = self.response_headers(ctx)
-        headers["x-gateway-cost-usd"] = usd(ctx.cost_pico)
-        if ctx.task_id is not None:
-            task = await self.accounting.tasks.get(ctx.task_id)
-            if task is not None:
-                headers["x-gateway-task-spent-usd"] = usd(await self.accounting.tasks.spent_pico(task))
-        return JsonReply(200, raw, headers)
+        return JsonReply(200, raw, self.response_headers(ctx))
+
+    async def add_task_spent(self, task_id: str, headers: dict[str, str]) -> None:
+        task = await self.accounting.tasks.get(task_id)
+        if task is not None:
+            headers["x-gateway-task-spent-usd"] = usd(await self.accounting.tasks.spent_pico(task))
 
     def checked_route(self, ctx: RequestContext) -> Route | None:
         """The route, when this request's answer is to be checked before it is returned."""
@@ -306,19 +307,17 @@ class Pipeline:
         first that passes (or the best the budget allowed)."""
         ctx.buffered = ctx.stream
 
-        async def attempt_on(target: ModelTarget) -> tuple[dict[str, Any], bytes]:
-            async def send(t: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[dict[str, Any], bytes]:
+        async def attempt_on(target: ModelTarget) -> forward.Answer:
+            async def send(t: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[Attempt, forward.Answer]:
                 return await forward.send_once(ctx, self.parts.upstreams.get(t.upstream), t, payload, pool)
 
-            return await self.attempt(ctx, send, first=target)
+            return (await self.attempt(ctx, send, first=target))[1]
 
         result = await run_chain(ctx, ctx.targets, checks_for(route), self.parts.verifier, headers, attempt_on)
         for reason in result.reasons:
             for signal in reason.split(", "):
                 self.parts.metrics.escalations.labels(ctx.route or "", signal).inc()
-        await self.finish(ctx, 200)
         out = self.response_headers(ctx)
-        out["x-gateway-cost-usd"] = usd(ctx.cost_pico)
         out["x-gateway-escalations"] = str(len(result.reasons))
         if result.stopped:
             out["x-gateway-escalation-stopped"] = result.stopped
@@ -326,7 +325,9 @@ class Pipeline:
             return JsonReply(200, result.raw, out)
         return StreamReply(_replay(stream_from_completion(result.body, include_usage=ctx.client_wants_usage)), out)
 
-    async def call_streaming(self, ctx: RequestContext) -> StreamReply:
+    async def call_streaming(self, ctx: RequestContext, end: Callable[[int], Awaitable[None]]) -> StreamReply:
+        """`end`: ends the request (pipeline/reservation.py), once the relay is over."""
+
         async def send(target: ModelTarget, payload: bytes, pool: PoolRequest | None) -> tuple[Attempt, UpstreamStream]:
             return await forward.open_stream(ctx, self.upstream_for(ctx, target), target, payload, pool)
 
@@ -335,8 +336,8 @@ class Pipeline:
         # Keep what was relayed (bounded) so a complete answer can be cached once it ends.
         relayed: bytearray | None = bytearray() if ctx.cache is not None and ctx.cache.store else None
 
-        async def done(c: RequestContext) -> None:
-            await self.finish(c, 200 if attempt.status == "ok" else 502)
+        async def done(_: RequestContext) -> None:
+            await end(200 if attempt.status == "ok" else 502)
 
         async def cache_complete_answer() -> None:
             body = completion_from_stream(bytes(relayed or b"").split(b"\n\n"))
@@ -345,9 +346,8 @@ class Pipeline:
                     body["usage"] = attempt.usage.as_openai()
                 await self.remember(ctx, body, orjson.dumps(body))
 
-        metrics = self.parts.metrics
         relay = forward.relay_stream(ctx, attempt, stream, done, relayed, cache_complete_answer if relayed is not None else None,
-                                     alone=lambda: metrics.serving <= 1, secrets=secrets)
+                                     alone=lambda: self.serving <= 1, secrets=secrets)
         return StreamReply(relay, self.response_headers(ctx))
 
     async def remember(self, ctx: RequestContext, body: dict[str, Any], raw: bytes) -> None:
@@ -360,53 +360,6 @@ class Pipeline:
             await self.parts.cache.save(ctx.cache, attempt.target, body, raw)
         except Exception:  # a cache that is down costs hits, never answers
             log.warning("could not store a response in the cache", exc_info=True)
-
-    async def estimate_unreported(self, ctx: RequestContext) -> None:
-        """An attempt that reached the provider but whose usage it never reported (the
-        client left, the stream was cut or timed out) is booked at the gateway's estimate:
-        never at $0, never at its worst case."""
-        for attempt in ctx.attempts:
-            if attempt.usage is None and attempt.status in UNCONFIRMED:
-                attempt.estimated = await estimate_usage(ctx.prompt, self.parts.tokenizers, attempt.relayed_output)
-
-    async def finish(self, ctx: RequestContext, status: int) -> None:
-        """Settle and record; runs exactly once per request, success or not."""
-        if ctx.finished:
-            return
-        ctx.finished = True
-        ctx.status = status
-        ctx.timeline.mark("end")
-        try:
-            await self.estimate_unreported(ctx)
-            if ctx.task_id is not None:
-                # A task's books and its spent header must include this call: wait for the commit.
-                try:
-                    await self.book(ctx)
-                finally:
-                    record_request(self.parts.metrics, ctx)
-            else:
-                # The answer carries its cost and goes out first; its books and metrics
-                # follow from the backlog (deferred_work.py) and commit with a later hold.
-                if ctx.cache_answer is None and ctx.attempts:
-                    ctx.cost_pico = self.accounting.cost(ctx)
-                self.accounting.backlog.add(lambda: self.record_later(ctx))
-        finally:
-            await self.parts.admission.settle(ctx, ctx.admitted)
-
-    def record_later(self, ctx: RequestContext) -> None:
-        record_request(self.parts.metrics, ctx)
-        if ctx.cache_answer is not None:
-            self.accounting.book_cache_hit_later(ctx, ctx.cache_answer)
-        elif ctx.attempts:
-            self.accounting.settle_later(ctx)
-
-    async def book(self, ctx: RequestContext) -> None:
-        """Book the call and wait for the commit."""
-        if ctx.cache_answer is not None:
-            await self.accounting.book_cache_hit(ctx, ctx.cache_answer)
-        elif ctx.attempts:
-            settlement = await self.accounting.settle(ctx)
-            ctx.cost_pico = settlement.cost_pico
 
     def response_headers(self, ctx: RequestContext) -> dict[str, str]:
         attempt = ctx.final_attempt

@@ -44,14 +44,18 @@ class Metrics:
         self.volatile_prefix = Counter("gateway_prompt_prefix_volatile", "Prompts whose prefix holds volatile content",
                                        ["tenant", "kind"], registry=r)
         self.escalations = Counter("gateway_escalations", "Route escalations by verifiable reason", ["route", "reason"], registry=r)
-        # Client requests on the model endpoints that have arrived and not yet been answered
-        # to the end (a stream counts until its last event): read at each scrape.
+        # Read at each scrape: the pipeline's count once `watch_in_flight` names it, else this figure.
         self.serving = 0
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served", registry=r)
         self.in_flight.set_function(lambda: self.serving)
         ProcessCollector(registry=r)  # CPU, memory, open files of this process
         self._without_tenants = CollectorRegistry(auto_describe=False)
         self._without_tenants.register(WithoutTenants(r))
+
+    def watch_in_flight(self, count: Callable[[], int]) -> None:
+        """Requests in flight, as the pipeline counts them (Pipeline.serving): metrics
+        only read the count; the pipeline, which acts on it, keeps it."""
+        self.in_flight.set_function(count)
 
     def watch_ledger(self, commits: Callable[[], int], operations: Callable[[], int]) -> None:
         """The ledger writer's commits and the operations they carried, read at each scrape."""

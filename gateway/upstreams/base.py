@@ -72,3 +72,9 @@ class Upstream(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class UpstreamSource(Protocol):
+    """Where the pipeline finds the upstream a policy names (upstreams/registry.py)."""
+
+    def get(self, name: str) -> Upstream: ...
