@@ -16,13 +16,13 @@ import anyio
 
 from gateway.accounting.books import UNCONFIRMED, Accounting
 from gateway.accounting.tasks import TaskInfo
-from gateway.tokens.counting import Tokenizers
 from gateway.admission.gate import AdmissionGate
 from gateway.errors import GatewayError
-from gateway.request_context import RequestContext
 from gateway.pipeline.observe import record_request
 from gateway.pipeline.usage_estimate import estimate_usage
+from gateway.request_context import RequestContext
 from gateway.telemetry.metrics import Metrics
+from gateway.tokens.counting import Tokenizers
 
 CLIENT_LEFT = 499
 

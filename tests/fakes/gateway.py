@@ -25,7 +25,6 @@ from gateway.accounting.price_sources import LitellmMap
 from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskStore
-from gateway.tokens.counting import Tokenizers
 from gateway.accounting.writer import GroupCommitWriter
 from gateway.admission.buckets import InProcessBuckets
 from gateway.admission.gate import AdmissionGate
@@ -41,6 +40,7 @@ from gateway.pipeline.runner import JsonReply, Pipeline, PipelineParts, StreamRe
 from gateway.routing.reload import PolicyHolder
 from gateway.telemetry.ids import IdSource
 from gateway.telemetry.metrics import Metrics
+from gateway.tokens.counting import Tokenizers
 from gateway.upstreams.base import Upstream
 from gateway.upstreams.health import UpstreamHealth
 from gateway.verify.signals import Verifier

@@ -10,10 +10,10 @@ from typing import Any
 import orjson
 
 from gateway.caching.response_cache import BYPASS, MISS, ResponseCache
-from gateway.types.cache import CachedAnswer
 from gateway.caching.store import MemoryStore
 from gateway.routing.loader import parse_policy
 from gateway.routing.resolved import RuntimePolicy
+from gateway.types.cache import CachedAnswer
 from tests.fakes.gateway import BASE_POLICY, SECRET, chat, policy
 
 DETERMINISTIC = chat("What is 2 + 2?", temperature=0)
