@@ -58,10 +58,10 @@ def with_writer(engine: Engine, body: Callable[[GroupCommitWriter], Awaitable[T]
 
 
 async def one_batch(writer: GroupCommitWriter, *calls: Coroutine[Any, Any, Any]) -> list[Any]:
-    """Queue every call before the writer looks at its queue, so they share one commit."""
-    writer.start()
+    """Queue every call before the writer starts, so they share one commit."""
     tasks = [asyncio.create_task(c) for c in calls]
     await asyncio.sleep(0)  # each task queues its operation
+    writer.start()
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 
