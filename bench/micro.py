@@ -30,7 +30,7 @@ def measure(number: int, repeat: int) -> dict[str, float]:
     from datetime import UTC, datetime, timedelta
 
     from gateway.accounting import ledger
-    from gateway.accounting.native import Native
+    from gateway.accounting.driver_sql import DriverSql
     from gateway.pipeline.observe import record_request
     from gateway.request_context import Attempt, RequestContext
     from gateway.routing.resolved import ModelTarget
@@ -69,7 +69,7 @@ def measure(number: int, repeat: int) -> dict[str, float]:
         def fetchone(self) -> tuple[int]:
             return (1,)
 
-    sql = Native(NoDatabase(), pyformat=False, sqlite=True, returning=True)  # type: ignore[arg-type]
+    sql = DriverSql(NoDatabase(), pyformat=False, sqlite=True, returning=True)  # type: ignore[arg-type]
     now = datetime.now(UTC)
     reservation = dict(
         id="rsv_x_0", request_id="req_x", tenant="acme", key_id="key_1", task_id=None, model="bench-model",

@@ -8,7 +8,7 @@ loop next waits on an upstream - another call's request is on the wire, and the
 process would otherwise sit idle - or `max_delay_s` at the latest.
 
 Readers that must see every answered call (the admin API through
-`Accounting.flush`, `/metrics`) run the backlog first. Nothing here is durable: the
+`Accounting.flush`, `/metrics`) run the deferred work first. Nothing here is durable: the
 hold made before the call is, and a crash before the booking commits leaves that hold
 for the sweeper, as a crash between an answer and its commit always has.
 """
@@ -23,7 +23,7 @@ log = logging.getLogger("gateway")
 MAX_DELAY_S = 0.002
 
 
-class Backlog:
+class DeferredWork:
     def __init__(self, max_delay_s: float = MAX_DELAY_S) -> None:
         self.max_delay_s = max_delay_s
         self._items: list[Callable[[], object]] = []

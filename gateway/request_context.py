@@ -28,7 +28,7 @@ class Attempt:
     usage: Usage | None = None  # as the provider reported it
     estimated: Usage | None = None  # the gateway's estimate, when the provider never reported usage
     relayed_output: str = ""  # the generated text relayed to the client, kept for that estimate
-    cost_pico: int = 0  # what the ledger books for this attempt, once priced (accounting/books.py)
+    cost_pico: int = 0  # what the ledger books for this attempt, once priced (accounting/hold_and_settle.py)
     error: str | None = None
     limit_headers: dict[str, str] | None = None  # the provider's rate-limit headers on this reply
     checks: str | None = None  # the route's verdict on this answer: "passed" or "failed: ..."

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import anyio
 from sqlalchemy import Engine, text
 
-from gateway.accounting.books import Accounting
 from gateway.accounting.database import maintain_indexes, make_engine, migrate
+from gateway.accounting.hold_and_settle import Accounting
 from gateway.accounting.ledger import Ledger
 from gateway.accounting.prices import PriceCatalog, every_model_priced
 from gateway.accounting.responses_store import ResponseStore

@@ -22,9 +22,9 @@ from typing import Any
 
 from sqlalchemy import ColumnDefault
 
-from gateway.accounting.native import Native, Row, Staged, insert_sql
+from gateway.accounting.driver_sql import DriverSql, Row, Staged, insert_sql
 from gateway.accounting.tables import reservations, usage_events
-from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, Refusal
+from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable, WriteRefused
 from gateway.errors import BudgetExceeded, NotReady
 from gateway.types.budget import BudgetClaim, Hold
 
@@ -134,7 +134,7 @@ class HoldRequest:
     margin_pico: int = 0
 
 
-class _Refused(Refusal):
+class _HoldRefused(WriteRefused):
     def __init__(self, claim: BudgetClaim, remaining_pico: int | None, calls_left: int | None) -> None:
         self.claim, self.remaining_pico, self.calls_left = claim, remaining_pico, calls_left
 
@@ -148,7 +148,7 @@ class Ledger:
         op, isolated, one = self._hold(request, claims)
         try:
             return await self.writer.run(op, isolated=isolated, staged=one)
-        except _Refused as refused:
+        except _HoldRefused as refused:
             raise _budget_error(refused, request.amount_pico) from None
         except LedgerUnavailable as exc:
             # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
@@ -156,12 +156,12 @@ class Ledger:
 
     def reserve_soon(self, request: HoldRequest, claims: list[BudgetClaim]) -> asyncio.Future[Hold]:
         """`reserve`, queued at once with no task of its own, for a hold nobody waits on
-        yet: the future resolves with the hold, or fails with the writer's Refusal
+        yet: the future resolves with the hold, or fails with the writer's WriteRefused
         (the budget refused it) or LedgerUnavailable."""
         op, isolated, one = self._hold(request, claims)
         return self.writer.submit(op, isolated=isolated, staged=one)
 
-    def _hold(self, request: HoldRequest, claims: list[BudgetClaim]) -> tuple[Callable[[Native], Hold], bool, Staged[Hold] | None]:
+    def _hold(self, request: HoldRequest, claims: list[BudgetClaim]) -> tuple[Callable[[DriverSql], Hold], bool, Staged[Hold] | None]:
         """The write that holds: (op, isolated, staged), as the writer takes them."""
         # One request may hold more than once (a retry or an escalation): number them.
         hold_id = f"rsv_{request.request_id.removeprefix('req_')}_{request.sequence}"
@@ -174,14 +174,14 @@ class Ledger:
             created_at=request.now,
             expires_at=request.expires_at, settled_pico=None, ended_at=None)
 
-        def after_hold(sql: Native, left: Row | None) -> Hold:
+        def after_hold(sql: DriverSql, left: Row | None) -> Hold:
             """After hold_and_record_sql() on the one claim (PostgreSQL). Refused, it wrote
             nothing: then as below - create the budget row, or refuse."""
             if left is not None:
                 return Hold(hold_id, request.amount_pico, request.tokens, (claims[0].budget_id,), left[0])
             return each_claim(sql)
 
-        def each_claim(sql: Native) -> Hold:
+        def each_claim(sql: DriverSql) -> Hold:
             left: list[int] = []
             for claim in claims:
                 params = {"id": claim.budget_id, "amount": request.amount_pico, "tokens": request.tokens, "limit": claim.limit_pico,
@@ -206,7 +206,7 @@ class Ledger:
                                            "amount": request.amount_pico, "margin": request.margin_pico}, after_hold,
                          more=_refused_or_new)
 
-        def op(sql: Native) -> Hold:
+        def op(sql: DriverSql) -> Hold:
             return one.run(sql) if one is not None else each_claim(sql)
 
         # A refusal of the first claim has written nothing to undo (a budget row it
@@ -229,13 +229,13 @@ class Ledger:
         return self.writer.submit(op, lazy=True, staged=one)
 
     def _settlement(self, holds: list[Hold], charged_pico: int, tokens_used: int, events: list[dict[str, Any]],
-                    now: datetime, *, skip_booked: bool) -> tuple[Callable[[Native], bool], Staged[bool] | None]:
+                    now: datetime, *, skip_booked: bool) -> tuple[Callable[[DriverSql], bool], Staged[bool] | None]:
         one = None
         if len(holds) == 1 and len(events) == 1 and not skip_booked and self.writer.one_trip:  # the common case
             params = _end_params(holds[0], charged_pico, tokens_used, "settled" if charged_pico else "released", now)
             one = Staged(BOOK_END_AND_SPEND, {**EVENT_DEFAULTS, **events[0], **params}, _ended)
 
-        def op(sql: Native) -> bool:
+        def op(sql: DriverSql) -> bool:
             if one is not None:
                 return one.run(sql)
             ended = True
@@ -261,7 +261,7 @@ class Ledger:
         before every call had a hold of its own): the money, the tokens and the call they
         counted go back to their budgets."""
 
-        def op(sql: Native) -> None:
+        def op(sql: DriverSql) -> None:
             for hold in holds:
                 _end(sql, hold, 0, 0, "released", now, unused=1)
 
@@ -274,7 +274,7 @@ class Ledger:
         estimate is given, or the model is no longer known) and gets an `unconfirmed`
         event marked estimated, which reconciliation corrects against the provider."""
 
-        def find(sql: Native) -> tuple[list[dict[str, Any]], dict[str, TypicalCall]]:
+        def find(sql: DriverSql) -> tuple[list[dict[str, Any]], dict[str, TypicalCall]]:
             rows = [dict(zip(ORPHAN_COLUMNS, r, strict=True)) for r in sql.fetchall(ORPHANS, {"now": now})]
             since = (now - timedelta(days=7)).date().isoformat()
             typical: dict[str, TypicalCall] = {}
@@ -292,7 +292,7 @@ class Ledger:
             return 0
         priced = [(row, estimate(row, typical[row["model"]]) if estimate is not None else None) for row in rows]
 
-        def op(sql: Native) -> int:
+        def op(sql: DriverSql) -> int:
             ended = 0
             for row, guess in priced:
                 hold = Hold(row["id"], row["amount_pico"], row["tokens"], tuple(b for b in row["budget_ids"].split("\n") if b))
@@ -334,11 +334,11 @@ def _refused_or_new(row: Row | None) -> bool:
     return row is None
 
 
-def _ended(sql: Native, row: Row | None) -> bool:
+def _ended(sql: DriverSql, row: Row | None) -> bool:
     return row is not None and row[0] == 1
 
 
-def _end(sql: Native, hold: Hold, charged: int, used: int, state: str, now: datetime, unused: int = 0) -> bool:
+def _end(sql: DriverSql, hold: Hold, charged: int, used: int, state: str, now: datetime, unused: int = 0) -> bool:
     params = _end_params(hold, charged, used, state, now, unused)
     if sql.one_trip:
         return _ended(sql, sql.fetchone(END_AND_SPEND, params))
@@ -349,7 +349,7 @@ def _end(sql: Native, hold: Hold, charged: int, used: int, state: str, now: date
     return True
 
 
-def _hold(sql: Native, params: dict[str, Any]) -> tuple[bool, int | None]:
+def _hold(sql: DriverSql, params: dict[str, Any]) -> tuple[bool, int | None]:
     """The hold on one budget, and what that budget has left after it."""
     if sql.returning:
         row = sql.fetchone(HOLD_RETURNING, params)
@@ -360,17 +360,17 @@ def _hold(sql: Native, params: dict[str, Any]) -> tuple[bool, int | None]:
     return True, None if left is None else left[0]
 
 
-def _refusal(sql: Native, claim: BudgetClaim) -> _Refused:
+def _refusal(sql: DriverSql, claim: BudgetClaim) -> _HoldRefused:
     row = sql.fetchone(BUDGET_STATE, {"id": claim.budget_id})
     assert row is not None  # ensured in this same transaction
     limit_pico, reserved_pico, spent_pico, calls_limit, calls_used = row
     limit = claim.limit_pico if claim.limit_pico is not None else limit_pico
     remaining = None if limit is None else max(0, limit - reserved_pico - spent_pico)
     calls_left = None if calls_limit is None else max(0, calls_limit - calls_used)
-    return _Refused(claim, remaining, calls_left)
+    return _HoldRefused(claim, remaining, calls_left)
 
 
-def _budget_error(refused: _Refused, amount_pico: int) -> BudgetExceeded:
+def _budget_error(refused: _HoldRefused, amount_pico: int) -> BudgetExceeded:
     from gateway.accounting.money import usd
 
     what = refused.claim.label

@@ -17,7 +17,7 @@ import anyio
 import orjson
 from sqlalchemy import Engine, select
 
-from gateway.accounting.native import Native, insert_sql
+from gateway.accounting.driver_sql import DriverSql, insert_sql
 from gateway.accounting.tables import responses
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
 from gateway.errors import NotReady
@@ -56,7 +56,7 @@ class ResponseStore:
                    response=parts[2].decode(), size_bytes=sum(map(len, parts)), created_at=now,
                    expires_at=now + timedelta(seconds=ttl_s))
 
-        def op(sql: Native) -> None:
+        def op(sql: DriverSql) -> None:
             sql.execute(INSERT, row)
 
         await self._write(op, "stored")
@@ -75,13 +75,13 @@ class ResponseStore:
                               orjson.loads(row.response))
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        def op(sql: Native) -> int:
+        def op(sql: DriverSql) -> int:
             return sql.execute(DELETE, {"id": response_id, "tenant": tenant})
 
         return bool(await self._write(op, "deleted"))
 
     async def purge_expired(self, now: datetime) -> int:
-        def op(sql: Native) -> int:
+        def op(sql: DriverSql) -> int:
             return sql.execute(PURGE, {"now": now})
 
         return int(await self._write(op, "purged"))

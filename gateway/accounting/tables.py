@@ -7,7 +7,7 @@ waits for before its upstream call (a hold's and a settlement's pages go to the 
 and are fsynced together), so these tables carry only the indexes a query uses.
 
 Declared as SQLAlchemy Core tables: the ledger reads and writes them with SQL of its own
-(native.py, ledger.py, reconcile.py), never as objects. Declared as model classes they
+(driver_sql.py, ledger.py, reconcile.py), never as objects. Declared as model classes they
 cost `gateway serve` ~0.3 s of start-up, a quarter of it, for nothing it used."""
 
 from __future__ import annotations

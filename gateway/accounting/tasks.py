@@ -14,8 +14,8 @@ import anyio
 import orjson
 from sqlalchemy import Engine, text
 
+from gateway.accounting.driver_sql import DriverSql, insert_sql
 from gateway.accounting.money import pico_from_usd, usd
-from gateway.accounting.native import Native, insert_sql
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
 from gateway.errors import NotReady
 from gateway.routing.policy import TaskLimits
@@ -46,7 +46,7 @@ class TaskStore:
         deadline = now + timedelta(seconds=limits.deadline_s) if limits.deadline_s else None
         info = TaskInfo(task_id, tenant, f"task:{task_id}", deadline)
 
-        def op(sql: Native) -> None:
+        def op(sql: DriverSql) -> None:
             sql.execute(INSERT_BUDGET, dict(
                 id=info.budget_id, scope=f"task:{task_id}", period_start="", reserved_pico=0, spent_pico=0,
                 limit_pico=pico_from_usd(limits.budget_usd) if limits.budget_usd is not None else None,

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.accounting.database import begin_statement
-from gateway.accounting.native import Native, Staged
+from gateway.accounting.driver_sql import DriverSql, Staged
 from gateway.telemetry.outage import OutageLog
 
 log = logging.getLogger("gateway.ledger")
@@ -40,7 +40,7 @@ LINGER_S = 0.005
 SAVEPOINT = "ledger_op"
 
 
-class Refusal(Exception):
+class WriteRefused(Exception):
     """Raised by an operation that refuses before writing anything that would need
     undoing: it ends that operation only, and needs no savepoint."""
 
@@ -53,7 +53,7 @@ class LedgerUnavailable(Exception):
 
 @dataclass(slots=True)
 class _Op(Generic[T]):
-    fn: Callable[[Native], T]
+    fn: Callable[[DriverSql], T]
     future: asyncio.Future[T]
     loop: asyncio.AbstractEventLoop
     isolated: bool
@@ -77,7 +77,7 @@ class _Connection:
             else:
                 raw.autocommit = True  # psycopg: BEGIN is ours to send, not implicit
             self._control = raw.cursor()
-            self.sql = Native.on(raw, engine.dialect)
+            self.sql = DriverSql.on(raw, engine.dialect)
         except Exception:
             self.close()
             raise
@@ -121,7 +121,7 @@ class GroupCommitWriter:
         self._thread = threading.Thread(target=self._loop, name="ledger-writer", daemon=True)
         self._conn: _Connection | None = None  # the writer thread's alone
         self._driver_errors: tuple[type[BaseException], ...] = (engine.dialect.loaded_dbapi.Error, SQLAlchemyError)
-        # Statements are round trips to a server (PostgreSQL), as for `Native.one_trip`:
+        # Statements are round trips to a server (PostgreSQL), as for `DriverSql.one_trip`:
         # operations then offer their one-statement `staged` form.
         self.one_trip = engine.dialect.name != "sqlite"
         self.batches = 0
@@ -131,7 +131,7 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._thread.start()
 
-    async def run(self, fn: Callable[[Native], T], *, isolated: bool = False, lazy: bool = False,
+    async def run(self, fn: Callable[[DriverSql], T], *, isolated: bool = False, lazy: bool = False,
                   staged: Staged[T] | None = None) -> T:
         """Run `fn` in the next group commit. `isolated`: `fn` may raise after writing,
         so it gets a savepoint; plain appends skip that cost. `lazy`: nobody is waiting
@@ -143,7 +143,7 @@ class GroupCommitWriter:
         # may still commit; the caller's cancellation is re-raised after the commit.
         return await asyncio.shield(self.submit(fn, isolated=isolated, lazy=lazy, staged=staged))
 
-    def submit(self, fn: Callable[[Native], T], *, isolated: bool = False, lazy: bool = False,
+    def submit(self, fn: Callable[[DriverSql], T], *, isolated: bool = False, lazy: bool = False,
                staged: Staged[T] | None = None) -> asyncio.Future[T]:
         """Queue `fn` as `run` does, and return at once: the future resolves once it is
         committed, or fails as `run` would raise. For writes nobody waits on, so they
@@ -271,7 +271,7 @@ class GroupCommitWriter:
                 continue
             try:
                 results[i] = True, one.finish(conn.sql, row)
-            except Refusal as refused:
+            except WriteRefused as refused:
                 results[i] = False, refused
             except Exception as exc:
                 if not whole:
@@ -285,7 +285,7 @@ class GroupCommitWriter:
             # An append that fails would leave the transaction unusable: let it fail the batch.
             try:
                 return True, op.fn(conn.sql)
-            except Refusal as refused:
+            except WriteRefused as refused:
                 return False, refused
         if savepoint:
             conn.savepoint()
@@ -312,7 +312,7 @@ class GroupCommitWriter:
             self._conn = None
 
 
-def _nothing(sql: Native) -> None:
+def _nothing(sql: DriverSql) -> None:
     return None
 
 

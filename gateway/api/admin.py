@@ -139,7 +139,7 @@ def build_admin_router() -> APIRouter:
     async def prompt_hygiene(request: Request) -> Response:
         """Per tenant: how many prompts start with volatile text that defeats prefix caching."""
         services = admin_services(request)
-        services.accounting.backlog.run()  # the prompts still waiting to be looked at
+        services.accounting.deferred.run()  # the prompts still waiting to be looked at
         return Response(orjson.dumps(services.pipeline.parts.hygiene.report()), media_type="application/json")
 
     @router.post("/sweep")

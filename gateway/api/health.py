@@ -34,7 +34,7 @@ def build_health_router() -> APIRouter:
         if key is not None and not bearer_matches(request.headers.get("authorization", ""), key):
             raise AuthenticationFailed("the metrics need `Authorization: Bearer <GATEWAY_METRICS_KEY>`",
                                        headers={"www-authenticate": 'Bearer realm="metrics"'})
-        services.accounting.backlog.run()  # the answered calls whose metrics are still waiting
+        services.accounting.deferred.run()  # the answered calls whose metrics are still waiting
         return Response(services.metrics.render(with_tenants=key is not None), media_type=CONTENT_TYPE_LATEST)
 
     return router

@@ -145,13 +145,13 @@ async def relay_stream(
     keep: bytearray | None = None,
     before_done: Callable[[], Awaitable[None]] | None = None,
     *,
-    alone: Callable[[], bool],
+    only_call_in_flight: Callable[[], bool],
     secrets: tuple[str, ...] = (),
 ) -> AsyncIterator[bytes]:
     """Relay upstream events as they complete (OpenAI's SSE chunks, or Anthropic's
     events on the Messages API). `keep` collects them (up to a bound) and
     `before_done` runs once the answer is complete but before the client sees [DONE],
-    so a cached copy exists by the time the client can ask again. `alone`: whether this
+    so a cached copy exists by the time the client can ask again. `only_call_in_flight`: whether this
     is the only call in flight (see below)."""
     relay: SseRelay | anthropic_stream.AnthropicEventRelay
     if ctx.endpoint == messages.MESSAGES:
@@ -187,7 +187,7 @@ async def relay_stream(
                         keep = None
                     else:
                         keep += out
-                if relay.done and len(out) > len(DONE_EVENT) and out.endswith(DONE_EVENT) and alone():
+                if relay.done and len(out) > len(DONE_EVENT) and out.endswith(DONE_EVENT) and only_call_in_flight():
                     # The answer's last events and [DONE] in one read. [DONE] waits for the
                     # reply's end (api/hot_paths.py), after the upstream's last read and this
                     # call's books; the events need not: with no other call in flight they go

@@ -14,7 +14,7 @@ from types import TracebackType
 
 import anyio
 
-from gateway.accounting.books import UNCONFIRMED, Accounting
+from gateway.accounting.hold_and_settle import UNCONFIRMED, Accounting
 from gateway.accounting.tasks import TaskInfo
 from gateway.admission.gate import AdmissionGate
 from gateway.errors import GatewayError
@@ -88,10 +88,10 @@ class Reservation:
                     record_request(self._metrics, ctx)
             else:
                 # The answer carries its cost and goes out first; its books and metrics
-                # follow from the backlog (pipeline/backlog.py) and commit with a later hold.
+                # follow from the deferred-work queue (deferred_work.py) and commit with a later hold.
                 if ctx.cache_answer is None and ctx.attempts:
                     ctx.cost_pico = self._accounting.cost(ctx)
-                self._accounting.backlog.add(self._record_later)
+                self._accounting.deferred.add(self._record_later)
         finally:
             await self._admission.settle(ctx, ctx.admitted)
 

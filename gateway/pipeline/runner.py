@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gateway.accounting.books import Accounting
+from gateway.accounting.hold_and_settle import Accounting
 from gateway.accounting.money import usd
 from gateway.admission.gate import AdmissionGate
 from gateway.auth.keys import KeyOwner
@@ -165,7 +165,7 @@ class Pipeline:
         ctx.prompt = PromptSize(ctx.endpoint, body, named.tokenizer if named else policy.policy.defaults.tokenizer, self.parts.tokenizers)
         if ctx.endpoint == "chat.completions":  # statistics only: off the request's path (deferred_work.py)
             chat = body["messages"]
-            self.accounting.backlog.add(lambda: self.watch_prefix(ctx, chat))
+            self.accounting.deferred.add(lambda: self.watch_prefix(ctx, chat))
         ctx.route, ctx.targets = policy.candidates(
             ctx.requested_model,
             RouteRequest(
@@ -251,15 +251,15 @@ class Pipeline:
         policy = ctx.policy
         targets = self.failover_targets(policy, first or ctx.targets[0])
 
-        async def covered(target: ModelTarget) -> tuple[Attempt, T]:
+        async def held(target: ModelTarget) -> tuple[Attempt, T]:
             if ctx.attempts:
-                await self.accounting.cover(ctx, policy, target)
-            self.accounting.backlog.soon()  # earlier answers' books, while this one is on the wire
+                await self.accounting.hold_for(ctx, policy, target)
+            self.accounting.deferred.soon()  # earlier answers' books, while this one is on the wire
             await self.parts.admission.pace_upstream(ctx, policy, target)
             pool = self.pool_request(ctx, target, can_spill=target is not targets[-1])
             return await send(target, self.prepare_upstream_body(ctx, target), pool)
 
-        return await self.parts.retrier.call(ctx, targets, policy.policy.defaults.retry, covered)
+        return await self.parts.retrier.call(ctx, targets, policy.policy.defaults.retry, held)
 
     def upstream_for(self, ctx: RequestContext, target: ModelTarget) -> Upstream:
         upstream = self.parts.upstreams.get(target.upstream)
@@ -347,7 +347,7 @@ class Pipeline:
                 await self.remember(ctx, body, orjson.dumps(body))
 
         relay = forward.relay_stream(ctx, attempt, stream, done, relayed, cache_complete_answer if relayed is not None else None,
-                                     alone=lambda: self.serving <= 1, secrets=secrets)
+                                     only_call_in_flight=lambda: self.serving <= 1, secrets=secrets)
         return StreamReply(relay, self.response_headers(ctx))
 
     async def remember(self, ctx: RequestContext, body: dict[str, Any], raw: bytes) -> None:

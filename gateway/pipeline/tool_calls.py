@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.books import Accounting
+from gateway.accounting.hold_and_settle import Accounting
 from gateway.accounting.ledger import HoldRequest, expiry
 from gateway.accounting.money import pico_from_usd, usd
 from gateway.auth.keys import KeyOwner

@@ -13,7 +13,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from gateway.telemetry.tallies import CountTally, MoneyTally, TallyCollector, TimeTally
+from gateway.telemetry.loop_metrics import LoopCounter, LoopHistogram, LoopMetricsCollector, LoopMoneyCounter
 
 TENANT = "tenant"
 
@@ -25,20 +25,20 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        # Updated by every answered call: tallies (telemetry/tallies.py), not prometheus_client children.
-        self.requests = CountTally("gateway_requests", "Client requests by outcome", ["tenant", "model", "status"])
-        self.attempts = CountTally("gateway_upstream_attempts", "Upstream attempts by outcome", ["upstream", "model", "outcome"])
-        self.ttft = TimeTally("gateway_time_to_first_token_seconds", "Enqueue to first token", ["model"], LATENCY_BUCKETS)
-        self.tpot = TimeTally("gateway_time_per_output_token_seconds", "Decode time per output token", ["model"], TPOT_BUCKETS)
-        self.e2e = TimeTally("gateway_request_duration_seconds", "Enqueue to end", ["model"], LATENCY_BUCKETS)
-        self.upstream_latency = TimeTally("gateway_upstream_latency_seconds", "Upstream start to last byte", ["upstream"], LATENCY_BUCKETS)
-        self.tokens = CountTally("gateway_tokens", "Tokens reported by upstreams", ["tenant", "model", "kind"])
-        self.estimate_error = TimeTally("gateway_prompt_estimate_ratio", "Reported / estimated prompt tokens", ["model"],
+        # Updated by every answered call: loop metrics (telemetry/loop_metrics.py), not prometheus_client children.
+        self.requests = LoopCounter("gateway_requests", "Client requests by outcome", ["tenant", "model", "status"])
+        self.attempts = LoopCounter("gateway_upstream_attempts", "Upstream attempts by outcome", ["upstream", "model", "outcome"])
+        self.ttft = LoopHistogram("gateway_time_to_first_token_seconds", "Enqueue to first token", ["model"], LATENCY_BUCKETS)
+        self.tpot = LoopHistogram("gateway_time_per_output_token_seconds", "Decode time per output token", ["model"], TPOT_BUCKETS)
+        self.e2e = LoopHistogram("gateway_request_duration_seconds", "Enqueue to end", ["model"], LATENCY_BUCKETS)
+        self.upstream_latency = LoopHistogram("gateway_upstream_latency_seconds", "Upstream start to last byte", ["upstream"], LATENCY_BUCKETS)
+        self.tokens = LoopCounter("gateway_tokens", "Tokens reported by upstreams", ["tenant", "model", "kind"])
+        self.estimate_error = LoopHistogram("gateway_prompt_estimate_ratio", "Reported / estimated prompt tokens", ["model"],
                                         (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0))
-        self.cache = CountTally("gateway_response_cache", "Response cache outcomes", ["tenant", "result"])
+        self.cache = LoopCounter("gateway_response_cache", "Response cache outcomes", ["tenant", "result"])
         # What each model call's attempts cost, as booked to the ledger (exact pico-dollars inside).
-        self.cost = MoneyTally("gateway_cost_usd", "Cost of model calls booked to the ledger, USD", ["tenant", "model"])
-        r.register(TallyCollector([t for t in vars(self).values() if isinstance(t, CountTally | TimeTally)]))
+        self.cost = LoopMoneyCounter("gateway_cost_usd", "Cost of model calls booked to the ledger, USD", ["tenant", "model"])
+        r.register(LoopMetricsCollector([t for t in vars(self).values() if isinstance(t, LoopCounter | LoopHistogram)]))
         # Rare events: plain prometheus_client metrics.
         self.policy_reloads = Counter("gateway_policy_reloads", "Policy reloads by result", ["result"], registry=r)
         self.volatile_prefix = Counter("gateway_prompt_prefix_volatile", "Prompts whose prefix holds volatile content",

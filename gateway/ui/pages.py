@@ -12,8 +12,8 @@ from urllib.parse import urlencode
 
 from sqlalchemy import Engine
 
-from gateway.accounting.books import tenant_claim
 from gateway.accounting.finance import budget_states, reconciliation_rows, task_rows, tasks_to_csv
+from gateway.accounting.hold_and_settle import tenant_claim
 from gateway.accounting.reports import cost_rows, rows_to_csv
 from gateway.routing.policy import Policy
 from gateway.ui.chart import spend_per_day

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import orjson
 from sqlalchemy import Engine, text
 
-from gateway.accounting.books import Accounting
 from gateway.accounting.database import make_engine, migrate
+from gateway.accounting.hold_and_settle import Accounting
 from gateway.accounting.ledger import Ledger
 from gateway.accounting.price_sources import LitellmMap
 from gateway.accounting.prices import PriceCatalog

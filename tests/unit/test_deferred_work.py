@@ -9,12 +9,12 @@ import time
 import pytest
 import uvloop
 
-from gateway.deferred_work import Backlog
+from gateway.deferred_work import DeferredWork
 
 
 def test_work_waits_for_the_next_upstream_wait_and_runs_there() -> None:
     async def main() -> list[str]:
-        backlog, ran = Backlog(max_delay_s=60), []
+        backlog, ran = DeferredWork(max_delay_s=60), []
         backlog.add(lambda: ran.append("first answer's books"))
         backlog.add(lambda: ran.append("second answer's books"))
         await asyncio.sleep(0)
@@ -29,7 +29,7 @@ def test_work_waits_for_the_next_upstream_wait_and_runs_there() -> None:
 
 def test_work_runs_within_its_delay_when_no_request_comes() -> None:
     async def main() -> bool:
-        backlog, ran = Backlog(max_delay_s=0.01), asyncio.Event()
+        backlog, ran = DeferredWork(max_delay_s=0.01), asyncio.Event()
         backlog.add(ran.set)
         await asyncio.wait_for(ran.wait(), timeout=10)
         return ran.is_set()
@@ -46,7 +46,7 @@ def test_a_request_that_arrives_as_the_delay_ends_goes_before_the_books() -> Non
         loop.call_soon(lambda: order.append("request"))  # the request's first step, queued
 
     async def main() -> list[str]:
-        backlog, booked = Backlog(max_delay_s=0.001), asyncio.Event()
+        backlog, booked = DeferredWork(max_delay_s=0.001), asyncio.Event()
 
         def books() -> None:
             order.append("books")
@@ -66,7 +66,7 @@ def test_one_failing_item_does_not_cost_the_others(caplog: pytest.LogCaptureFixt
         raise RuntimeError("a bug in one booking")
 
     async def main() -> list[int]:
-        backlog, ran = Backlog(), []
+        backlog, ran = DeferredWork(), []
         backlog.add(lambda: ran.append(1))
         backlog.add(broken)
         backlog.add(lambda: ran.append(3))

@@ -15,8 +15,8 @@ from sqlalchemy import Engine, text
 
 from gateway.accounting import ledger as ledger_module
 from gateway.accounting.database import make_engine, migrate
+from gateway.accounting.driver_sql import DriverSql
 from gateway.accounting.ledger import HoldRequest, Ledger
-from gateway.accounting.native import Native
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
 from gateway.errors import BudgetExceeded
 from gateway.types.budget import BudgetClaim, Hold
@@ -75,7 +75,7 @@ def test_killed_connections_are_replaced(engine: Engine, postgres_url: str, capl
     def mark(n: int) -> Any:
         return lambda sql: sql.execute("INSERT INTO schema_version (version, applied_at) VALUES (:v, :at)", {"v": n, "at": NOW})
 
-    def killed_mid_batch(sql: Native) -> int:
+    def killed_mid_batch(sql: DriverSql) -> int:
         return sql.execute("SELECT pg_terminate_backend(pg_backend_pid())", {})
 
     async def main() -> None:
@@ -193,7 +193,7 @@ def test_a_batch_of_holds_and_settlements_releases_the_budget_row_before_its_res
     seen: list[str] = []
     real_ended = ledger_module._ended
 
-    def probing_ended(sql: Native, row: Any) -> bool:
+    def probing_ended(sql: DriverSql, row: Any) -> bool:
         with psycopg.connect(postgres_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as other:
             try:
                 other.execute("SELECT 1 FROM budgets WHERE id = %s FOR UPDATE NOWAIT", (WIDE.budget_id,))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.accounting.books import counts_like_provider, hold_prompt_tokens
+from gateway.accounting.hold_and_settle import counts_like_provider, hold_prompt_tokens
 from gateway.routing.policy import Policy
 from gateway.routing.resolved import RuntimePolicy
 from gateway.tokens.counting import Tokenizers

@@ -13,19 +13,19 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from gateway.accounting.database import make_engine
-from gateway.accounting.native import Native
+from gateway.accounting.driver_sql import DriverSql
 from gateway.accounting.writer import GroupCommitWriter, LedgerUnavailable
 
 T = TypeVar("T")
 INSERT = "INSERT INTO marks (v) VALUES (:v)"
 
 
-def mark(v: int) -> Callable[[Native], int]:
+def mark(v: int) -> Callable[[DriverSql], int]:
     return lambda sql: sql.execute(INSERT, {"v": v})
 
 
-def mark_then_fail(v: int, error: Exception) -> Callable[[Native], int]:
-    def op(sql: Native) -> int:
+def mark_then_fail(v: int, error: Exception) -> Callable[[DriverSql], int]:
+    def op(sql: DriverSql) -> int:
         sql.execute(INSERT, {"v": v})
         raise error
 
@@ -132,7 +132,7 @@ def test_a_connection_that_breaks_mid_batch_fails_the_batch_then_the_writer_reco
     async def main() -> None:
         writer = GroupCommitWriter(engine)
 
-        def break_then_write(sql: Native) -> int:
+        def break_then_write(sql: DriverSql) -> int:
             assert writer._conn is not None
             writer._conn.raw.close()  # the connection dies under the running batch
             return sql.execute(INSERT, {"v": 2})
@@ -216,7 +216,7 @@ def test_an_operation_that_fails_mid_read_leaves_the_ledger_writable(engine: Eng
     """A bug in one operation (not the database) that leaves a read unfinished must not
     leave SQLite's write lock behind: the next writes commit as usual."""
 
-    def read_then_fail(sql: Native) -> None:
+    def read_then_fail(sql: DriverSql) -> None:
         sql.execute(INSERT, {"v": 1})
         sql.execute(INSERT, {"v": 2})
         sql.fetchone("SELECT v FROM marks", {})  # one row of two: the statement is unfinished

@@ -1,4 +1,4 @@
-"""Automatic cache breakpoints, alone: where one goes, and that a client's own win."""
+"""Automatic cache breakpoints, only_call_in_flight: where one goes, and that a client's own win."""
 
 from __future__ import annotations
 

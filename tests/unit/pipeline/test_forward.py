@@ -1,5 +1,5 @@
 """A stream's relay: when an answer's last events come in one read with [DONE], they
-reach the client at once when the call is alone, and with [DONE] under load."""
+reach the client at once when the call is the only one in flight, and with [DONE] under load."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class Upstream:
         self.closed = True
 
 
-def _relay(upstream: Upstream, *, alone: bool) -> tuple[list[bytes], list[str]]:
+def _relay(upstream: Upstream, *, only_call_in_flight: bool) -> tuple[list[bytes], list[str]]:
     """What the relay yields, and the order of what the client and the hooks saw."""
     ctx = RequestContext(request_id="req_1", endpoint="chat.completions", path="/chat/completions",
                          policy=cast(RuntimePolicy, None))
@@ -50,7 +50,7 @@ def _relay(upstream: Upstream, *, alone: bool) -> tuple[list[bytes], list[str]]:
 
     async def run() -> list[bytes]:
         out = []
-        async for chunk in relay_stream(ctx, attempt, upstream, finish, bytearray(), before_done, alone=lambda: alone):
+        async for chunk in relay_stream(ctx, attempt, upstream, finish, bytearray(), before_done, only_call_in_flight=lambda: only_call_in_flight):
             out.append(chunk)
             seen.append("done" if chunk.endswith(DONE_EVENT) else "events")
         return out
@@ -60,19 +60,19 @@ def _relay(upstream: Upstream, *, alone: bool) -> tuple[list[bytes], list[str]]:
     return out, seen
 
 
-def test_alone_the_last_events_go_out_before_done_and_the_books() -> None:
-    out, seen = _relay(Upstream(ROLE, LAST + FINISH + DONE_EVENT), alone=True)
+def test_the_only_call_in_flight_sends_its_last_events_before_done_and_the_books() -> None:
+    out, seen = _relay(Upstream(ROLE, LAST + FINISH + DONE_EVENT), only_call_in_flight=True)
     assert out == [ROLE, LAST + FINISH, DONE_EVENT]
     # the cached copy is stored before the client can see [DONE], as before
     assert seen == ["events", "events", "cached", "done", "finish"]
 
 
 def test_under_load_the_last_events_go_with_done_in_one_piece() -> None:
-    out, seen = _relay(Upstream(ROLE, LAST + FINISH + DONE_EVENT), alone=False)
+    out, seen = _relay(Upstream(ROLE, LAST + FINISH + DONE_EVENT), only_call_in_flight=False)
     assert out == [ROLE, LAST + FINISH + DONE_EVENT]
     assert seen == ["events", "cached", "done", "finish"]
 
 
 def test_done_alone_in_its_read_is_not_split() -> None:
-    out, _ = _relay(Upstream(ROLE + LAST, FINISH, DONE_EVENT), alone=True)
+    out, _ = _relay(Upstream(ROLE + LAST, FINISH, DONE_EVENT), only_call_in_flight=True)
     assert out == [ROLE + LAST, FINISH, DONE_EVENT]

@@ -1,4 +1,4 @@
-"""Messages -> chat and chat -> Messages, as data, alone: what each field becomes."""
+"""Messages -> chat and chat -> Messages, as data, only_call_in_flight: what each field becomes."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Counters and histograms that every answered call updates, without prometheus_client's
-per-update cost.
+"""Counters and histograms that every answered call updates, kept by the event loop
+(their only writer) without prometheus_client's per-update cost.
 
 A prometheus_client child validates that it may be observed and takes a lock on every
 update, and finding the child for a label set is a call of its own; a call makes about
-nine such updates. Here a label set's
-value is a plain entry in a dict, updated with a lookup and an addition, on the event
+nine such updates. Here a label set's value is a plain entry in a dict, updated with a lookup and an addition, on the event
 loop (the only writer). A scrape - on the same loop, through the registry's collector -
 turns them into the metric families prometheus_client itself would write: same names,
 types, label order, bucket bounds and `_created` series.
@@ -24,7 +23,7 @@ from prometheus_client.utils import INF, floatToGoString
 Labels = tuple[str, ...]
 
 
-class CountTally:
+class LoopCounter:
     """A counter family: `inc(labels, amount)`."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
@@ -52,7 +51,7 @@ class CountTally:
         return family
 
 
-class MoneyTally(CountTally):
+class LoopMoneyCounter(LoopCounter):
     """A counter of money: `inc(labels, pico_dollars)` adds exact integers, and a
     scrape shows each total in USD (pico-dollars / 1e12). Only the exported value is a
     float, so a long-running total never drifts from the ledger's sum."""
@@ -86,7 +85,7 @@ class MoneyTally(CountTally):
         return family
 
 
-class TimeTally:
+class LoopHistogram:
     """A histogram family: `observe(labels, value)`. Buckets count values <= their bound."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
@@ -134,18 +133,18 @@ def _check_labels(name: str, labelnames: list[str], labels: Labels) -> None:
         raise ValueError(f"{name} takes the labels {labelnames}, not {labels!r}")
 
 
-class TallyCollector(Collector):
-    """Hands the registry the tallies' families at each scrape (and, empty, when it
+class LoopMetricsCollector(Collector):
+    """Hands the registry these metrics' families at each scrape (and, empty, when it
     asks what this collector will export)."""
 
-    def __init__(self, tallies: Sequence[CountTally | TimeTally]) -> None:
-        self._tallies = tuple(tallies)
+    def __init__(self, metrics: Sequence[LoopCounter | LoopHistogram]) -> None:
+        self._metrics = tuple(metrics)
 
     def collect(self) -> Iterator[Metric]:
-        for tally in self._tallies:
-            yield tally.family()
+        for metric in self._metrics:
+            yield metric.family()
 
     def describe(self) -> Iterator[Metric]:
-        for tally in self._tallies:
-            kind = CounterMetricFamily if isinstance(tally, CountTally) else HistogramMetricFamily
-            yield kind(tally.name, tally.documentation, labels=tally.labelnames)
+        for metric in self._metrics:
+            kind = CounterMetricFamily if isinstance(metric, LoopCounter) else HistogramMetricFamily
+            yield kind(metric.name, metric.documentation, labels=metric.labelnames)

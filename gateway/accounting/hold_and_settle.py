@@ -21,7 +21,7 @@ from gateway.accounting.prices import PriceCatalog, PriceQuote
 from gateway.accounting.spool import SettlementSpool
 from gateway.accounting.tasks import TaskInfo, TaskStore
 from gateway.accounting.writer import LedgerUnavailable
-from gateway.deferred_work import Backlog
+from gateway.deferred_work import DeferredWork
 from gateway.errors import BudgetExceeded, GatewayError, NotFound
 from gateway.request_context import Attempt, RequestContext
 from gateway.routing.policy import Budget
@@ -67,7 +67,7 @@ class Accounting:
         self.tasks = tasks
         self._quotes: OrderedDict[tuple[str, str], PriceQuote] = OrderedDict()
         self.headroom = Headroom()
-        self.backlog = Backlog()  # answered calls waiting to be booked (deferred_work.py)
+        self.deferred = DeferredWork()  # answered calls waiting to be booked (deferred_work.py)
         self._pending: set[asyncio.Future[bool]] = set()  # settlements committing in the background
         self._claims: dict[tuple[str, Decimal, str, date], BudgetClaim] = {}
 
@@ -122,9 +122,9 @@ class Accounting:
     async def reserve(self, ctx: RequestContext, policy: RuntimePolicy, task: TaskInfo | None) -> None:
         """Hold the first target's worst case against every budget that applies."""
         ctx.claims = self.claims(ctx, policy, task, datetime.now(UTC))
-        await self.cover(ctx, policy, ctx.targets[0])
+        await self.hold_for(ctx, policy, ctx.targets[0])
 
-    async def cover(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> None:
+    async def hold_for(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget) -> None:
         """Before an attempt on `target`: make the holds cover its worst case plus what
         earlier attempts cost (their real cost, or their worst case while unknown).
         The prompt is sized by its bound for any tokenizer (tokens/prompt_bound.py),
@@ -144,7 +144,7 @@ class Accounting:
             await ctx.prompt.count()
             needed, tokens = self.needed(ctx, policy, target, now)
         try:
-            await self._top_up(ctx, policy, target, needed, tokens, now)
+            await self._raise_holds(ctx, policy, target, needed, tokens, now)
         except BudgetExceeded:
             self.headroom.forget(ctx.claims)
             booked = await self.book_answered()
@@ -156,7 +156,7 @@ class Accounting:
             if uncounted:
                 await ctx.prompt.count()
             needed, tokens = self.needed(ctx, policy, target, now)
-            await self._top_up(ctx, policy, target, needed, tokens, now)
+            await self._raise_holds(ctx, policy, target, needed, tokens, now)
 
     def needed(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, now: datetime) -> tuple[int, int]:
         needed, tokens = self.worst_case(ctx, policy, target, now)
@@ -169,7 +169,7 @@ class Accounting:
                 needed, tokens = needed + extra, tokens + extra_tokens
         return needed, tokens
 
-    async def _top_up(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, needed: int, tokens: int,
+    async def _raise_holds(self, ctx: RequestContext, policy: RuntimePolicy, target: ModelTarget, needed: int, tokens: int,
                       now: datetime) -> None:
         held = sum(h.amount_pico for h in ctx.holds)
         if needed <= held:
@@ -313,7 +313,7 @@ class Accounting:
         """Book the calls this process has answered but not yet booked (deferred_work.py),
         so their holds give back what they did not spend: a client calling one call after
         another must not be refused for its previous call's hold. Whether there were any."""
-        if not (len(self.backlog) or self._pending):
+        if not (len(self.deferred) or self._pending):
             return False
         await self.flush()
         return True
@@ -321,7 +321,7 @@ class Accounting:
     async def flush(self) -> None:
         """Once this returns, every settlement handed over so far is committed (or spooled):
         readers of the ledger in this process call it first."""
-        self.backlog.run()
+        self.deferred.run()
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
         await self.ledger.writer.flush()

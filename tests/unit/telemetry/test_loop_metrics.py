@@ -7,8 +7,8 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from gateway.telemetry.loop_metrics import LoopCounter, LoopHistogram, LoopMetricsCollector
 from gateway.telemetry.metrics import LATENCY_BUCKETS, Metrics
-from gateway.telemetry.tallies import CountTally, TallyCollector, TimeTally
 
 CREATED = re.compile(r"^(\S+_created(?:\{[^}]*\})?) \S+$", re.MULTILINE)
 
@@ -23,9 +23,9 @@ def test_counters_and_histograms_render_as_prometheus_clients_own() -> None:
     counter = Counter("gateway_requests", "Client requests by outcome", ["tenant", "model", "status"], registry=theirs)
     histogram = Histogram("gateway_request_duration_seconds", "Enqueue to end", ["model"], buckets=LATENCY_BUCKETS,
                           registry=theirs)
-    count = CountTally("gateway_requests", "Client requests by outcome", ["tenant", "model", "status"])
-    times = TimeTally("gateway_request_duration_seconds", "Enqueue to end", ["model"], LATENCY_BUCKETS)
-    ours.register(TallyCollector([count, times]))
+    count = LoopCounter("gateway_requests", "Client requests by outcome", ["tenant", "model", "status"])
+    times = LoopHistogram("gateway_request_duration_seconds", "Enqueue to end", ["model"], LATENCY_BUCKETS)
+    ours.register(LoopMetricsCollector([count, times]))
 
     for labels, amount in ((("acme", "small", "ok"), 1), (("acme", "small", "ok"), 2), (("beta", "large", "429"), 1)):
         counter.labels(*labels).inc(amount)
@@ -39,7 +39,7 @@ def test_counters_and_histograms_render_as_prometheus_clients_own() -> None:
 
 
 def test_a_value_on_a_bound_counts_in_that_bucket() -> None:
-    times = TimeTally("t", "t", [], (0.1, 1.0))
+    times = LoopHistogram("t", "t", [], (0.1, 1.0))
     for value in (0.1, 0.1000001, 1.0, 5.0):
         times.observe((), value)
     samples = {(s.name, s.labels.get("le")): s.value for s in times.family().samples}
@@ -51,7 +51,7 @@ def test_a_value_on_a_bound_counts_in_that_bucket() -> None:
 
 
 def test_wrong_labels_and_a_negative_count_are_refused() -> None:
-    count = CountTally("c", "c", ["tenant"])
+    count = LoopCounter("c", "c", ["tenant"])
     with pytest.raises(ValueError, match=r"takes the labels \['tenant'\]"):
         count.inc(("acme", "extra"))
     with pytest.raises(ValueError, match="only go up"):
@@ -61,9 +61,9 @@ def test_wrong_labels_and_a_negative_count_are_refused() -> None:
         count.inc(("acme",), -1)
     assert count.value(("acme",)) == 2
     with pytest.raises(ValueError, match="takes the labels"):
-        TimeTally("t", "t", ["model"], (1.0,)).observe((), 0.5)
+        LoopHistogram("t", "t", ["model"], (1.0,)).observe((), 0.5)
     with pytest.raises(ValueError, match="buckets must be distinct"):
-        TimeTally("t", "t", [], (1.0, 1.0))
+        LoopHistogram("t", "t", [], (1.0, 1.0))
 
 
 def test_every_family_is_exported_before_any_call() -> None:

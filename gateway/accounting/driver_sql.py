@@ -59,7 +59,7 @@ def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Any]:
     return lambda params: ()
 
 
-class Native:
+class DriverSql:
     """What a ledger operation may do inside the writer's transaction: run statements
     written with `:name` parameters and read the few rows it needs. Transactions and
     savepoints are the writer's business, not the operation's."""
@@ -83,7 +83,7 @@ class Native:
         self._cursor.close()
 
     @classmethod
-    def on(cls, raw: DBAPIConnection, dialect: Dialect) -> Native:
+    def on(cls, raw: DBAPIConnection, dialect: Dialect) -> DriverSql:
         return cls(raw.cursor(), pyformat=dialect.paramstyle == "pyformat", sqlite=dialect.name == "sqlite",
                    returning=bool(dialect.update_returning), connection=raw)
 
@@ -159,12 +159,12 @@ class Staged(Generic[T]):
 
     sql: str
     params: Mapping[str, Any]
-    finish: Callable[[Native, Row | None], T]
+    finish: Callable[[DriverSql, Row | None], T]
     # Whether `finish` would run statements of its own for this row. When it would not
     # (the common case), the writer may commit in the statement's own round trip.
     more: Callable[[Row | None], bool] = lambda row: False
 
-    def run(self, sql: Native) -> T:
+    def run(self, sql: DriverSql) -> T:
         return self.finish(sql, sql.fetchone(self.sql, self.params))
 
 
