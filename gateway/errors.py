@@ -128,6 +128,10 @@ class ReplicaFailed(UpstreamError):
 
     code = "upstream_replica_failed"
 
+    def __init__(self, message: str, replica: str) -> None:
+        super().__init__(message)
+        self.replica = replica  # booked with the attempt: which replica failed
+
 
 class PoolSpill(UpstreamError):
     """A self-hosted pool cannot serve the request in time (`saturated`) or at all
@@ -137,7 +141,7 @@ class PoolSpill(UpstreamError):
     code = "pool_unavailable"
 
     def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"spilled to the fallback: {detail}")
+        super().__init__(f"spilled to the fallback ({reason}): {detail}")
         self.reason = reason
 
 

@@ -12,7 +12,7 @@ import anyio
 import orjson
 
 from gateway.caching.replay import DONE_EVENT
-from gateway.errors import GatewayError, PoolSpill, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
+from gateway.errors import GatewayError, PoolSpill, ReplicaFailed, UpstreamError, UpstreamReplyTooLarge, UpstreamTimeout
 from gateway.pipeline import anthropic_stream, messages
 from gateway.pipeline.usage_estimate import relayed_text
 from gateway.request_context import Attempt, RequestContext
@@ -49,6 +49,8 @@ def _fail(attempt: Attempt, error: GatewayError, status: str = "error") -> Gatew
     # A spill is booked as an attempt that was never sent, with the pool's reason.
     attempt.status = "timeout" if isinstance(error, UpstreamTimeout) else "spilled" if isinstance(error, PoolSpill) else status
     attempt.error = error.message
+    if isinstance(error, ReplicaFailed):
+        attempt.replica = error.replica
     attempt.timeline.mark("end")
     return error
 

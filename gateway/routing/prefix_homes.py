@@ -13,7 +13,8 @@ fit in `KV_FOR_PREFIXES` of its KV blocks (the rest is for the requests running
 there), else to the replica where it overflows least - except that a prefix stays
 where it is (its home, or before it has one its rendezvous first choice) while that
 replica is within `stay_factor` x the traffic bound and the blocks still fit, busiest
-first, since every move costs a cold prefill.
+first, since every move costs a cold prefill; a prefix that fits nowhere stays too
+while the traffic bound holds, rather than follow the noise in the rates.
 
 Each gateway counts only the requests it routed. With requests spread over the
 gateways, each sees the same prefixes at about the same rates, and the homes agree
@@ -80,9 +81,16 @@ def assign_homes(prefixes: Mapping[bytes, Prefix], kv_blocks: Mapping[str, int],
             continue
         order = rendezvous_order(key, replicas)
         home = next((r for r in order if fits(key, r, cap)), None)
-        if home is None:  # nowhere within both bounds: where it overflows least
+        if home is None:
+            # Nowhere within both bounds. Where it is now, if its traffic is still within
+            # bounds there: it overflows somewhere anyway, and choosing where by the least
+            # overflow would move it with every wobble of the rates and sizes.
             p = prefixes[key]
-            home = min(order, key=lambda r: max((traffic[r] + p.weight) / (cap or 1.0), (filled[r] + p.blocks) / (room[r] or 1.0)))
+            stay = current.get(key) if current else None
+            if stay in traffic and traffic[stay] + p.weight <= cap * stay_factor:
+                home = stay
+            else:  # where it overflows least
+                home = min(order, key=lambda r: max((traffic[r] + p.weight) / (cap or 1.0), (filled[r] + p.blocks) / (room[r] or 1.0)))
         place(key, home)
     return homes
 

@@ -87,6 +87,7 @@ def _quality_profile(text: str) -> tuple[str, Any]:
 
 
 def _run_vllm(args: argparse.Namespace) -> int:
+    from gateway.sim.kv_events import parse_kv_events_config
     from gateway.sim.vllm import VllmSimConfig, create_vllm_app
 
     config = VllmSimConfig(
@@ -103,6 +104,7 @@ def _run_vllm(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         prefill_s_per_token=args.prefill_s_per_token,
         decode_s_per_token=args.decode_s_per_token,
+        kv_events=parse_kv_events_config(args.kv_events_config) if args.kv_events_config else None,
     )
     return _serve("vLLM simulator", create_vllm_app(config), args)
 
@@ -177,4 +179,7 @@ def add_sim_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     vllm.add_argument("--max-model-len", type=int, default=32768)
     vllm.add_argument("--prefill-s-per-token", type=float, default=0.0)
     vllm.add_argument("--decode-s-per-token", type=float, default=0.0)
+    vllm.add_argument("--kv-events-config", metavar="JSON", default=None,
+                      help='publish KV events as vLLM does, e.g. {"enable_kv_cache_events": true, "publisher": "zmq",'
+                           ' "endpoint": "tcp://*:5557", "topic": "kv"}')
     vllm.set_defaults(func=_run_vllm)

@@ -8,6 +8,9 @@ Faithful to vLLM's KVCacheManager in the ways a gateway can observe:
   token is recomputed (vLLM needs the last token's logits);
 - blocks held by running requests are pinned; freed blocks go to an LRU free queue,
   tail blocks first, and keep their hash until the block is reused (evicted).
+
+With `events` a list, it records vLLM's KV events as they happen (kv_events.py):
+blocks stored once prefilled, blocks removed when evicted, all cleared on a reset.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.sim.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, cache_salt: str | None = None, root: bytes = b"") -> list[bytes]:
@@ -38,6 +44,7 @@ class _Allocation:
     blocks: list[int]
     hashes: list[bytes]
     hit_blocks: int
+    tokens: Sequence[int]
 
 
 @dataclass
@@ -45,6 +52,7 @@ class PrefixCache:
     num_blocks: int
     block_size: int = 16
     enabled: bool = True
+    events: list[Any] | None = None  # a list: KV events are recorded into it, for the engine to publish
     _ref: list[int] = field(init=False)
     _hash_of: list[bytes | None] = field(init=False)
     _cached: dict[bytes, int] = field(init=False, default_factory=dict)
@@ -84,7 +92,8 @@ class PrefixCache:
             hits.append(block)
         return hits
 
-    def allocate(self, request_id: str, hashes: list[bytes], num_prompt_tokens: int, num_tokens: int) -> int | None:
+    def allocate(self, request_id: str, hashes: list[bytes], num_prompt_tokens: int, num_tokens: int,
+                 tokens: Sequence[int] = ()) -> int | None:
         """Reserve blocks for `num_tokens`; returns the cached prompt tokens, or None if full."""
         hits = self._hits(hashes, num_prompt_tokens)
         need = self.blocks_needed(num_tokens) - len(hits)
@@ -96,7 +105,7 @@ class PrefixCache:
                 del self._free[block]
             self._ref[block] += 1
         fresh = [self._take_free_block() for _ in range(need)]
-        self._requests[request_id] = _Allocation(hits + fresh, hashes, len(hits))
+        self._requests[request_id] = _Allocation(hits + fresh, hashes, len(hits), tokens)
         return len(hits) * self.block_size
 
     def _take_free_block(self) -> int:
@@ -104,6 +113,8 @@ class PrefixCache:
         old = self._hash_of[block]
         if old is not None and self._cached.get(old) == block:
             del self._cached[old]  # eviction: the least recently freed block is reused
+            if self.events is not None:
+                self.events.append(BlockRemoved(block_hashes=[old], medium=MEDIUM_GPU))
         self._hash_of[block] = None
         self._ref[block] = 1
         return block
@@ -113,11 +124,32 @@ class PrefixCache:
         alloc = self._requests.get(request_id)
         if alloc is None or not self.enabled:
             return
+        stored: list[int] = []
         for position in range(alloc.hit_blocks, len(alloc.hashes)):
             block, block_hash = alloc.blocks[position], alloc.hashes[position]
             if block_hash not in self._cached:
                 self._cached[block_hash] = block
                 self._hash_of[block] = block_hash
+                stored.append(position)
+        if self.events is not None and stored:
+            self._record_stored(alloc, stored)
+
+    def _record_stored(self, alloc: _Allocation, positions: list[int]) -> None:
+        """One BlockStored per run of consecutive blocks, chained to its parent."""
+        assert self.events is not None
+        runs: list[list[int]] = []
+        for position in positions:
+            if runs and runs[-1][-1] == position - 1:
+                runs[-1].append(position)
+            else:
+                runs.append([position])
+        size = self.block_size
+        for run in runs:
+            first, last = run[0], run[-1]
+            self.events.append(BlockStored(
+                block_hashes=[alloc.hashes[p] for p in run], parent_block_hash=alloc.hashes[first - 1] if first else None,
+                token_ids=list(alloc.tokens[first * size:(last + 1) * size]), block_size=size, lora_id=None, medium=MEDIUM_GPU,
+                lora_name=None))
 
     def free(self, request_id: str) -> None:
         """Release a finished or aborted request's blocks, tail first."""
@@ -133,3 +165,5 @@ class PrefixCache:
         """Forget every cached hash (vLLM's /reset_prefix_cache); running requests keep their blocks."""
         self._cached.clear()
         self._hash_of = [None] * self.num_blocks
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())

@@ -279,6 +279,7 @@ class VllmSimulator(RoutedApp):
 
     async def _reset_prefix_cache(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         self.engine.cache.reset()
+        self.engine.publish_events()
         await send_bytes(send, 200, b"")
 
     async def _stats(self, request: HttpRequest, receive: Receive, send: Send) -> None:

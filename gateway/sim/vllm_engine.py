@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.sim.asgi import DisconnectWatch, Receive, RequestStats
+from gateway.sim.kv_events import KvEventsConfig, ZmqPublisher
 from gateway.sim.prefix_cache import PrefixCache
 from gateway.sim.vllm_metrics import VllmMetrics
 from gateway.sim.vllm_scheduler import Scheduler
@@ -35,6 +36,7 @@ class VllmSimConfig:
     max_model_len: int = 32768
     prefill_s_per_token: float = 0.0
     decode_s_per_token: float = 0.0
+    kv_events: KvEventsConfig | None = None  # publish KV events over ZMQ (--kv-events-config)
 
     @property
     def names(self) -> list[str]:
@@ -79,6 +81,7 @@ class VllmEngine:
         self.config = config
         self.stats = VllmSimStats()
         self.metrics = self._new_metrics()
+        self.publisher = ZmqPublisher(config.kv_events) if config.kv_events is not None else None
         self.cache = self._new_cache()
         self.scheduler = Scheduler(config.max_num_seqs)
 
@@ -90,7 +93,19 @@ class VllmEngine:
 
     def _new_cache(self) -> PrefixCache:
         cfg = self.config
-        return PrefixCache(cfg.num_gpu_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        return PrefixCache(cfg.num_gpu_blocks, cfg.block_size, cfg.enable_prefix_caching, [] if self.publisher is not None else None)
+
+    def publish_events(self) -> None:
+        """What the cache recorded since the last call, as one batch (vLLM publishes once
+        per engine step)."""
+        events = self.cache.events
+        if self.publisher is not None and events:
+            self.publisher.publish(events[:])
+            events.clear()
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
 
     def reconfigure(self) -> bool:
         """Apply a patched config; the KV pool can only be rebuilt while idle."""
@@ -101,6 +116,8 @@ class VllmEngine:
         if geometry != (self.cache.num_blocks, self.cache.block_size):
             if self.scheduler.running or self.scheduler.waiting:
                 return False
+            self.cache.reset()  # subscribers learn the old blocks are gone
+            self.publish_events()
             self.cache = self._new_cache()
         self.cache.enabled = cfg.enable_prefix_caching
         self.metrics.set_cache_config(cfg.block_size, cfg.num_gpu_blocks, cfg.enable_prefix_caching)
@@ -110,6 +127,7 @@ class VllmEngine:
         self.stats = VllmSimStats()
         self.metrics = self._new_metrics()
         self.cache.reset()
+        self.publish_events()
 
     def snapshot(self) -> dict[str, Any]:
         out = dataclasses.asdict(self.stats)
@@ -136,7 +154,7 @@ class VllmEngine:
         """Queue, admit and prefill; False if the client went away first (already aborted)."""
         def allocate() -> int | None:
             total = request.prompt_tokens + request.completion_tokens
-            return self.cache.allocate(request.request_id, request.block_hashes, request.prompt_tokens, total)
+            return self.cache.allocate(request.request_id, request.block_hashes, request.prompt_tokens, total, request.prompt_ids)
 
         cached = self.scheduler.try_admit(allocate)
         if cached is None:
@@ -148,6 +166,7 @@ class VllmEngine:
                 self._count_abort(request)
                 return False
             cached = admitted.result()
+        self.publish_events()  # the blocks its allocation evicted
         request.admitted_at = time.monotonic()
         request.cached_tokens = cached
         uncached = request.prompt_tokens - cached
@@ -155,6 +174,7 @@ class VllmEngine:
             self.finish(request, "abort")
             return False
         self.cache.commit(request.request_id)
+        self.publish_events()
         request.first_token_at = time.monotonic()
         return True
 
@@ -187,6 +207,7 @@ class VllmEngine:
         now = time.monotonic()
         self.cache.free(request.request_id)
         self.scheduler.finish()
+        self.publish_events()  # admitting the next in line may have evicted blocks
         m, s = self.metrics, self.stats
         if reason == "abort":
             self._count_abort(request)

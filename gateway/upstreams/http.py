@@ -134,7 +134,7 @@ class HttpUpstream:
         # did not finish (vLLM aborts what loses its connection), can go to another.
         gone = isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
         if gone and self.pool is not None and self.pool.unreachable(replica, type(exc).__name__):
-            return ReplicaFailed(f"a replica of upstream `{self.name}` failed: {type(exc).__name__}")
+            return ReplicaFailed(f"a replica of upstream `{self.name}` failed: {type(exc).__name__}", replica.url)
         if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ClientProxyConnectionError):
             return UpstreamError(f"upstream `{self.name}` could not be reached: {type(exc).__name__}")
         return UpstreamError(f"upstream `{self.name}` failed: {type(exc).__name__}")

@@ -65,6 +65,7 @@ class Pool:
         self.replicas: dict[str, Replica] = {}
         self.index = PrefixIndex()
         self.homes = PrefixHomes()
+        self.key_tenants: dict[bytes, str] = {}  # prefix key -> the tenant it was last seen for, for the admin view
         self._clock = clock
         self._turn = 0
         self.reasons: dict[str, int] = {}  # why each request went where it went, since start
@@ -117,6 +118,7 @@ class Pool:
         key = blocks[0] if blocks else None
         if key is not None:
             self.homes.observe(key, len(blocks) * BYTES_PER_TOKEN / self.bytes_per_token, now)
+            self._note_tenant(key, request)
         self._turn += 1
         views = [self._view(r, blocks, now) for r in self.replicas.values()]
         ask = ChoiceRequest(key=key, home=self.homes.home(key) if key is not None else None,
@@ -160,6 +162,14 @@ class Pool:
         return ReplicaView(url=replica.url, usable=replica.usable, load=load, slots=self.settings.max_num_seqs or replica.slots,
                            slot_time_s=replica.slot_time_s, kv_usage=kv, prefill_s_per_token=replica.prefill_s_per_token,
                            matched=self.index.matched(replica.url, blocks) if blocks else 0)
+
+    def _note_tenant(self, key: bytes, request: PoolRequest | None) -> None:
+        if request is None:
+            return
+        self.key_tenants[key] = request.tenant
+        if len(self.key_tenants) > 2 * self.homes.max_keys:
+            homed = self.homes.homes()
+            self.key_tenants = {k: t for k, t in self.key_tenants.items() if k in homed}
 
     def _count_tenant(self, replica: Replica, tenant: str, now: float) -> None:
         count, at = replica.tenants.get(tenant, (0.0, now))
@@ -265,14 +275,14 @@ class Pool:
 
     def snapshot(self) -> dict[str, Any]:
         now = self._clock()
-        homes: dict[str, int] = {}
-        for url in self.homes.homes().values():
-            homes[url] = homes.get(url, 0) + 1
+        homes: dict[str, set[str]] = {}
+        for key, url in self.homes.homes().items():
+            homes.setdefault(url, set()).add(self.key_tenants.get(key, "?"))
         return {"upstream": self.name, "block_size": self.block_size(), "bytes_per_token": round(self.bytes_per_token, 3),
                 "choices": dict(sorted(self.reasons.items())),
-                "replicas": [self._replica_snapshot(r, now, homes.get(r.url, 0)) for r in self.replicas.values()]}
+                "replicas": [self._replica_snapshot(r, now, homes.get(r.url, set())) for r in self.replicas.values()]}
 
-    def _replica_snapshot(self, r: Replica, now: float, homes: int) -> dict[str, Any]:
+    def _replica_snapshot(self, r: Replica, now: float, homes: set[str]) -> dict[str, Any]:
         m = r.metrics
         tenants = {t: round(c * math.exp2(-(now - at) / TENANT_HALF_LIFE_S), 2) for t, (c, at) in r.tenants.items()}
         top = dict(sorted(((t, c) for t, c in tenants.items() if c >= 0.05), key=lambda kv: kv[1], reverse=True)[:20])
@@ -284,7 +294,7 @@ class Pool:
             "prefill_ms_per_1k_tokens": _round(r.prefill_s_per_token * 1e6) if r.prefill_s_per_token is not None else None,
             "metrics_age_s": _round(now - r.scraped_at) if m else None,
             "index_blocks": self.index.size(r.url), "index_capacity": self.index.capacity(r.url),
-            "prefix_homes": homes, "recent_tenants": top,
+            "home_tenants": sorted(homes), "recent_tenants": top,
         }
 
 

@@ -80,3 +80,68 @@ def gateway_processes(count: int, policy: Path, env: dict[str, str], log_dir: Pa
     finally:
         for proc in procs:
             proc.stop()
+
+
+class VllmReplicaProcess:
+    """One vLLM simulator (`python -m gateway sim vllm`) as its own OS process, so a
+    test can SIGKILL it the way a GPU node dies: no goodbye on any connection."""
+
+    def __init__(self, flags: list[str], log_path: Path) -> None:
+        self.flags, self.log_path = flags, log_path
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """As a pool's `replicas` list names it."""
+        return self.root + "/v1"
+
+    def spawn(self) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "sim", "vllm", "--port", str(self.port), *self.flags],
+                                     stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        assert self.proc is not None, "not spawned"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"simulator exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.root + "/health", timeout=1).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"simulator did not come up: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextlib.contextmanager
+def vllm_replicas(count: int, flags: list[str], log_dir: Path) -> Iterator[list[VllmReplicaProcess]]:
+    """`count` simulator processes, started together, each stopped afterwards."""
+    replicas = [VllmReplicaProcess(flags, log_dir / f"replica-{i}.log") for i in range(count)]
+    try:
+        for replica in replicas:
+            replica.spawn()
+        for replica in replicas:
+            replica.wait_ready()
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()

@@ -110,3 +110,22 @@ def test_two_gateways_each_routing_half_the_traffic_agree_on_nearly_all_of_it() 
             counted += 1
             disagree += gateways[0].home(key) != gateways[1].home(key)
     assert disagree / counted < 0.10
+
+
+def test_prefixes_that_fit_nowhere_stay_put_as_the_rates_wobble() -> None:
+    # 20 tenants of 40 blocks on replicas of 290: room for 4 prefixes each, so four must
+    # overflow somewhere. Where they overflow should not follow the noise in the rates:
+    # each move is a cold prefill, and gateways that disagree for a moment split a tenant.
+    rng = random.Random(9)
+    keys = [rng.randbytes(8) for _ in range(20)]
+    base = {k: 100.0 / (i + 1) ** 0.8 for i, k in enumerate(keys)}
+    size = {k: rng.uniform(38.0, 44.0) for k in keys}  # system prompt plus a user turn of varying length
+    kv = dict.fromkeys(REPLICAS, 290)
+    homes = assign_homes({k: Prefix(w, size[k]) for k, w in base.items()}, kv, 1.3)
+    moves = 0
+    for _ in range(30):
+        wobbled = {k: Prefix(w * rng.uniform(0.9, 1.1), size[k] * rng.uniform(0.97, 1.03)) for k, w in base.items()}
+        again = assign_homes(wobbled, kv, 1.3, homes)
+        moves += sum(again[k] != homes[k] for k in keys)
+        homes = again
+    assert moves <= 3, f"{moves} prefixes moved over 30 rebalances of unchanged traffic"
