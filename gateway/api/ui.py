@@ -116,7 +116,8 @@ def build_ui_router() -> APIRouter:
         now = datetime.now(UTC)
         q = request.query_params
         month, tenant = Month.parse(q.get("month"), now), q.get("tenant") or None
-        context = await anyio.to_thread.run_sync(pages.dashboard, services.reader, services.policies.current.policy, month, tenant, now)
+        context = await anyio.to_thread.run_sync(pages.dashboard, services.reader, services.policies.current.policy,
+                                                 services.accounting.catalog, month, tenant, now)
         return _page(dash.pages, "dashboard.html", 200, signed_in=True, **context)
 
     @router.post("/sign-in")

@@ -5,7 +5,7 @@ every table names that admin request next to its CSV link."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -14,6 +14,8 @@ from sqlalchemy import Engine
 
 from gateway.accounting.finance import budget_states, reconciliation_rows, task_rows, tasks_to_csv
 from gateway.accounting.hold_and_settle import tenant_claim
+from gateway.accounting.pool_costs import pool_cost_report
+from gateway.accounting.prices import PriceCatalog
 from gateway.accounting.reports import cost_rows, rows_to_csv
 from gateway.routing.policy import Policy
 from gateway.ui.chart import spend_per_day
@@ -53,7 +55,8 @@ def table_csv(reader: Engine, table: str, month: Month, tenant: str | None) -> s
     return rows_to_csv(cost_rows(reader, group_by, month.start, month.end, tenant), group_by)
 
 
-def dashboard(reader: Engine, policy: Policy, month: Month, tenant: str | None, now: datetime) -> dict[str, Any]:
+def dashboard(reader: Engine, policy: Policy, catalog: PriceCatalog, month: Month, tenant: str | None,
+              now: datetime) -> dict[str, Any]:
     """The first page's context. Blocking queries: run it in a worker thread."""
     everyone = cost_rows(reader, ["tenant"], month.start, month.end)
     budget_ids = {name: tenant_claim(name, t.budget, now).budget_id for name, t in policy.tenants.items() if t.budget is not None}
@@ -75,6 +78,7 @@ def dashboard(reader: Engine, policy: Policy, month: Month, tenant: str | None, 
         "upstreams": upstreams,
         "kinds": upstream_kinds(policy),
         "pools": _pools(policy, upstreams),
+        "pool_costs": pool_costs(reader, policy, catalog, month, now),
         "tasks": tasks[:TASKS_ON_PAGE],
         "tasks_hidden": max(0, len(tasks) - TASKS_ON_PAGE),
         "exports": exports(month, tenant),
@@ -99,6 +103,16 @@ def _pools(policy: Policy, upstream_rows: list[dict[str, Any]]) -> list[PoolUse]
         pools.append(PoolUse(name, int(row.get("requests", 0)), int(row.get("input_tokens", 0)) + int(row.get("output_tokens", 0)),
                              row.get("cost_usd", "0.000000")))
     return pools
+
+
+def pool_costs(reader: Engine, policy: Policy, catalog: PriceCatalog, month: Month, now: datetime) -> list[dict[str, Any]]:
+    """Each pool's whole GPU cost for the month so far, split to tenants with idle and
+    recovery beside it: the report `gateway pool costs` prints and `/admin/pool` serves."""
+    start = datetime.combine(month.start, time(), UTC)
+    end = min(datetime.combine(month.end, time(), UTC), now)
+    if end <= start:
+        return [{"upstream": name, "notes": ["the month has not begun"]} for name in pool_upstreams(policy)]
+    return [pool_cost_report(reader, policy, catalog, name, start, end) for name in pool_upstreams(policy)]
 
 
 def reconcile_window(month: Month, now: datetime) -> tuple[date, date]:
