@@ -1,5 +1,5 @@
-"""Gateway replicas as real OS processes (`python -m gateway serve`), for tests that
-need several replicas sharing PostgreSQL and Redis, or a SIGKILL mid-load."""
+"""Gateway replicas and vLLM simulators as real OS processes (`python -m gateway ...`),
+for tests that need several replicas sharing PostgreSQL and Redis, or a SIGKILL mid-load."""
 
 from __future__ import annotations
 
@@ -22,14 +22,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class GatewayProcess:
-    def __init__(self, policy: Path, env: dict[str, str], log_path: Path) -> None:
-        self.policy, self.env, self.log_path = policy, env, log_path
+class ChildProcess:
+    """A child process of the test, on a free port, its output in `log_path`: started,
+    waited for until `health_url` answers 200, and stopped or SIGKILLed."""
+
+    what = "process"
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def url(self) -> str:
+    def root(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     @property
@@ -37,22 +42,21 @@ class GatewayProcess:
         assert self.proc is not None, "not started"
         return self.proc.pid
 
-    def start(self, timeout_s: float = 30.0) -> None:
-        env = {**os.environ, **self.env}
+    def spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--policy", str(self.policy), "--port", str(self.port), "--log-level", "warning"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_healthy(self, health_url: str, timeout_s: float) -> None:
+        assert self.proc is not None, "not spawned"
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(f"{self.what} exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if httpx.get(health_url, timeout=1).status_code == 200:
                     return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"gateway did not come up: {self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(f"{self.what} did not come up: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.05)
 
     def kill(self) -> None:
@@ -70,6 +74,23 @@ class GatewayProcess:
                 self.kill()
 
 
+class GatewayProcess(ChildProcess):
+    what = "gateway"
+
+    def __init__(self, policy: Path, env: dict[str, str], log_path: Path) -> None:
+        super().__init__(log_path)
+        self.policy, self.env = policy, env
+
+    @property
+    def url(self) -> str:
+        return self.root
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self.spawn(["serve", "--policy", str(self.policy), "--port", str(self.port), "--log-level", "warning"],
+                   {**os.environ, **self.env})
+        self.wait_healthy(self.url + "/healthz", timeout_s)
+
+
 @contextlib.contextmanager
 def gateway_processes(count: int, policy: Path, env: dict[str, str], log_dir: Path) -> Iterator[list[GatewayProcess]]:
     procs = [GatewayProcess(policy, env, log_dir / f"gateway-{i}.log") for i in range(count)]
@@ -82,54 +103,26 @@ def gateway_processes(count: int, policy: Path, env: dict[str, str], log_dir: Pa
             proc.stop()
 
 
-class VllmReplicaProcess:
+class VllmReplicaProcess(ChildProcess):
     """One vLLM simulator (`python -m gateway sim vllm`) as its own OS process, so a
     test can SIGKILL it the way a GPU node dies: no goodbye on any connection."""
 
-    def __init__(self, flags: list[str], log_path: Path) -> None:
-        self.flags, self.log_path = flags, log_path
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+    what = "simulator"
 
-    @property
-    def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __init__(self, flags: list[str], log_path: Path) -> None:
+        super().__init__(log_path)
+        self.flags = flags
 
     @property
     def url(self) -> str:
         """As a pool's `replicas` list names it."""
         return self.root + "/v1"
 
-    def spawn(self) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "sim", "vllm", "--port", str(self.port), *self.flags],
-                                     stdout=log, stderr=subprocess.STDOUT)
+    def spawn_replica(self) -> None:
+        self.spawn(["sim", "vllm", "--port", str(self.port), *self.flags])
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        assert self.proc is not None, "not spawned"
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"simulator exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.root + "/health", timeout=1).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"simulator did not come up: {self.log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.wait_healthy(self.root + "/health", timeout_s)
 
 
 @contextlib.contextmanager
@@ -138,7 +131,7 @@ def vllm_replicas(count: int, flags: list[str], log_dir: Path) -> Iterator[list[
     replicas = [VllmReplicaProcess(flags, log_dir / f"replica-{i}.log") for i in range(count)]
     try:
         for replica in replicas:
-            replica.spawn()
+            replica.spawn_replica()
         for replica in replicas:
             replica.wait_ready()
         yield replicas

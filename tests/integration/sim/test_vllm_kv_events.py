@@ -58,7 +58,7 @@ def replica(tmp_path: Path) -> Iterator[tuple[VllmReplicaProcess, int]]:
     port = free_port()
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": TOPIC.decode()}
     process = VllmReplicaProcess(["--num-gpu-blocks", "12", "--kv-events-config", json.dumps(config)], tmp_path / "sim.log")
-    process.spawn()
+    process.spawn_replica()
     try:
         process.wait_ready()
         yield process, port
