@@ -25,26 +25,12 @@ def claude(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClaudeStack]:
         yield running
 
 
-def _task(claude: ClaudeStack) -> str:
-    response = httpx.post(f"{claude.stack.gateway}/tasks", json={"budget_usd": "1.00"}, timeout=10,
-                          headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    task_id: str = response.json()["id"]
-    return task_id
-
-
-def _books(claude: ClaudeStack, task_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{claude.stack.gateway}/tasks/{task_id}", timeout=10,
-                         headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    events: list[dict[str, Any]] = response.json()["events"]
-    return events
 
 
 def test_a_stream_says_what_the_whole_answer_says_with_usage_last_booked_exactly(claude: ClaudeStack) -> None:
     client = claude.openai_client()
     whole = client.chat.completions.create(model="claude-small", max_tokens=40, messages=QUESTION)
-    task_id = _task(claude)
+    task_id = claude.open_task()
     chunks = list(client.chat.completions.create(model="claude-small", max_tokens=40, messages=QUESTION, stream=True,
                                                  stream_options={"include_usage": True}, extra_headers={"x-task-id": task_id}))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -56,7 +42,7 @@ def test_a_stream_says_what_the_whole_answer_says_with_usage_last_booked_exactly
     record = claude.sim.state.usage[-1]
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (record.uncached_input, record.output)
     assert last.usage == whole.usage
-    [booked] = _books(claude, task_id)
+    [booked] = claude.task_events(task_id)
     assert booked["status"] == "ok" and booked["usage_confirmed"]
     assert (booked["prompt_tokens"], booked["completion_tokens"]) == (record.uncached_input, record.output)
     assert Decimal(booked["cost_usd"]) == formula(record)

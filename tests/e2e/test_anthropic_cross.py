@@ -40,20 +40,6 @@ def hosted_config(claude: ClaudeStack, **patch: object) -> None:
     httpx.post(f"{claude.stack.hosted}/sim/config", json=patch, timeout=5).raise_for_status()
 
 
-def _task(claude: ClaudeStack) -> str:
-    response = httpx.post(f"{claude.stack.gateway}/tasks", json={"budget_usd": "1.00"}, timeout=10,
-                          headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    task_id: str = response.json()["id"]
-    return task_id
-
-
-def _books(claude: ClaudeStack, task_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{claude.stack.gateway}/tasks/{task_id}", timeout=10,
-                         headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    events: list[dict[str, Any]] = response.json()["events"]
-    return events
 
 
 def test_a_messages_call_is_sent_as_chat_and_answered_as_a_message_at_the_formula(claude: ClaudeStack) -> None:
@@ -124,7 +110,7 @@ def test_a_stream_is_anthropics_exact_event_sequence_and_booked_at_its_usage(cla
     ask: dict[str, Any] = {"model": "gpt-4o-mini", "max_tokens": 48, "system": "You answer for the accounts team.",
                            "messages": [{"role": "user", "content": "Summarise the payment terms."}]}
     whole = client.messages.create(**ask)
-    task_id = _task(claude)
+    task_id = claude.open_task()
     kinds: list[str] = []
     with client.messages.stream(**ask, extra_headers={"x-task-id": task_id}) as stream:
         for event in stream:
@@ -139,7 +125,7 @@ def test_a_stream_is_anthropics_exact_event_sequence_and_booked_at_its_usage(cla
     record = claude.hosted_usage()[-1]
     assert (final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0), final.usage.output_tokens) == (
         record["input_tokens"], record["output_tokens"])
-    [booked] = _books(claude, task_id)
+    [booked] = claude.task_events(task_id)
     assert booked["status"] == "ok" and booked["usage_confirmed"]
     assert (booked["prompt_tokens"], booked["cached_tokens"], booked["completion_tokens"]) == (
         record["input_tokens"], record["cached_tokens"], record["output_tokens"])

@@ -118,12 +118,12 @@ def test_one_hour_cache_writes_are_billed_at_their_own_rate(claude: ClaudeStack)
     expected = (written.uncached_input * PRICE["input"] + written.cache_write_1h * hour_rate
                 + written.output * PRICE["output"]) / 1_000_000
     assert Decimal(raw.headers["x-gateway-cost-usd"]) == expected == formula(written)
-    task_id = _task(claude)  # streamed, a read of what the first call wrote
+    task_id = claude.open_task()  # streamed, a read of what the first call wrote
     with client.messages.stream(**ask, extra_headers={"x-task-id": task_id}) as stream:
         stream.until_done()
     read = claude.sim.state.usage[-1]
     assert read.cache_read == written.cache_write_1h and read.cache_write_1h == 0
-    [booked] = _books(claude, task_id)
+    [booked] = claude.task_events(task_id)
     assert Decimal(booked["cost_usd"]) == formula(read)
 
 
@@ -176,20 +176,6 @@ def wait_until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-def _task(claude: ClaudeStack) -> str:
-    response = httpx.post(f"{claude.stack.gateway}/tasks", json={"budget_usd": "1.00"}, timeout=10,
-                          headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    task_id: str = response.json()["id"]
-    return task_id
-
-
-def _books(claude: ClaudeStack, task_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{claude.stack.gateway}/tasks/{task_id}", timeout=10,
-                         headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    events: list[dict[str, Any]] = response.json()["events"]
-    return events
 
 
 def test_a_stream_says_what_the_whole_answer_says_and_is_booked_at_its_usage(claude: ClaudeStack) -> None:
@@ -198,7 +184,7 @@ def test_a_stream_says_what_the_whole_answer_says_and_is_booked_at_its_usage(cla
     ask: dict[str, Any] = {"model": "claude-small", "max_tokens": 48, "system": system,
                            "messages": [{"role": "user", "content": "Summarise the payment terms."}]}
     whole = client.messages.create(**ask)
-    task_id = _task(claude)
+    task_id = claude.open_task()
     kinds: list[str] = []
     with client.messages.stream(**ask, extra_headers={"x-task-id": task_id}) as stream:
         for event in stream:
@@ -212,7 +198,7 @@ def test_a_stream_says_what_the_whole_answer_says_and_is_booked_at_its_usage(cla
     record = claude.sim.state.usage[-1]
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens, final.usage.output_tokens) == (
         record.uncached_input, record.cache_read, record.output)
-    [booked] = _books(claude, task_id)
+    [booked] = claude.task_events(task_id)
     assert booked["status"] == "ok" and booked["usage_confirmed"]
     assert (booked["prompt_tokens"], booked["cached_tokens"], booked["completion_tokens"]) == (
         record.uncached_input + record.cache_read + record.cache_write_5m + record.cache_write_1h, record.cache_read, record.output)
@@ -223,15 +209,15 @@ def test_a_client_that_hangs_up_mid_stream_cancels_the_upstream_call(claude: Cla
     claude.sim.config.token_delay_s = 0.05  # 20 tokens: a second of stream, of which the client reads one delta
     try:
         aborted = claude.sim.stats.aborted
-        task_id = _task(claude)
+        task_id = claude.open_task()
         with claude.client().messages.stream(model="claude-small", max_tokens=64, extra_headers={"x-task-id": task_id},
                                              messages=[{"role": "user", "content": "Tell me a long story."}]) as stream:
             for event in stream:
                 if event.type == "content_block_delta":
                     break
         wait_until(lambda: claude.sim.stats.aborted == aborted + 1)
-        wait_until(lambda: len(_books(claude, task_id)) == 1)
-        [booked] = _books(claude, task_id)
+        wait_until(lambda: len(claude.task_events(task_id)) == 1)
+        [booked] = claude.task_events(task_id)
         assert booked["status"] == "cancelled" and not booked["usage_confirmed"]
         assert booked["completion_tokens"] >= 1 and Decimal(booked["cost_usd"]) > 0  # an estimate, never $0
     finally:

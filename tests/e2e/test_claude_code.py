@@ -17,9 +17,7 @@ import subprocess
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import IN_CI
@@ -47,20 +45,6 @@ def claude(claude_code: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield running
 
 
-def _task(claude: ClaudeStack) -> str:
-    response = httpx.post(f"{claude.stack.gateway}/tasks", json={"budget_usd": "5.00"}, timeout=10,
-                          headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    task_id: str = response.json()["id"]
-    return task_id
-
-
-def _books(claude: ClaudeStack, task_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(f"{claude.stack.gateway}/tasks/{task_id}", timeout=10,
-                         headers={"authorization": f"Bearer {claude.stack.key}"})
-    response.raise_for_status()
-    events: list[dict[str, Any]] = response.json()["events"]
-    return events
 
 
 def test_a_claude_code_session_with_a_tool_streams_through_the_gateway(claude_code: str, claude: ClaudeStack,
@@ -69,7 +53,7 @@ def test_a_claude_code_session_with_a_tool_streams_through_the_gateway(claude_co
     home.mkdir()
     work.mkdir()
     (work / "notes.txt").write_text("Invoice 42 is 1,250.00 EUR.\n")
-    task_id = _task(claude)
+    task_id = claude.open_task("5.00")
     billed = len(claude.sim.state.usage)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "ANTHROPIC_BASE_URL": claude.stack.root,
            "ANTHROPIC_API_KEY": claude.stack.key, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -90,6 +74,6 @@ def test_a_claude_code_session_with_a_tool_streams_through_the_gateway(claude_co
     assert claude.sim.stats.last_body is not None and claude.sim.stats.last_body["stream"] is True
     records = claude.sim.state.usage[billed:]
     assert len(records) >= 2 and records[-1].cache_read > 0  # Claude Code's own breakpoints, read on the next turn
-    booked = _books(claude, task_id)
+    booked = claude.task_events(task_id)
     assert [b["status"] for b in booked] == ["ok"] * len(records)
     assert sorted(Decimal(b["cost_usd"]) for b in booked) == sorted(formula(r) for r in records)

@@ -61,6 +61,22 @@ class ClaudeStack:
         stats: dict[str, Any] = httpx.get(f"{self.stack.hosted}/sim/stats", timeout=5).json()
         return stats
 
+    def open_task(self, budget_usd: str = "1.00") -> str:
+        """A task for the tenant's key, so a test can read the books of its calls."""
+        response = httpx.post(f"{self.stack.gateway}/tasks", json={"budget_usd": budget_usd}, timeout=10,
+                              headers={"authorization": f"Bearer {self.stack.key}"})
+        response.raise_for_status()
+        task_id: str = response.json()["id"]
+        return task_id
+
+    def task_events(self, task_id: str) -> list[dict[str, Any]]:
+        """The task's ledger rows, one per attempt."""
+        response = httpx.get(f"{self.stack.gateway}/tasks/{task_id}", timeout=10,
+                             headers={"authorization": f"Bearer {self.stack.key}"})
+        response.raise_for_status()
+        events: list[dict[str, Any]] = response.json()["events"]
+        return events
+
 
 def add_claude(sim_url: str, models: str = "", price: dict[str, Decimal] | None = None,
                max_body_bytes: int | None = None) -> Callable[[str], str]:
