@@ -14,7 +14,7 @@ import orjson
 
 from gateway.upstreams.anthropic_translate import usage_to_openai
 from gateway.upstreams.redaction import redact
-from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, EventBuffer
+from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, EventBuffer, event_data
 
 # Only these events carry what the books need; deltas and pings pass as bytes.
 WATCHED = (b"message_start", b"message_delta", b"message_stop", b"error")
@@ -47,7 +47,7 @@ class AnthropicEventRelay:
         self.events += 1
         if event.startswith(b"event: ") and not event.startswith(NAMED_WATCHED):
             return event + b"\n\n"  # named, and not one the books read: no need to parse it
-        payload = _data(event)
+        payload = event_data(event)
         kind = payload.get("type") if payload is not None else None
         if payload is None or kind not in ("message_start", "message_delta", "message_stop", "error"):
             return event + b"\n\n"
@@ -69,17 +69,6 @@ class AnthropicEventRelay:
             self.error = payload["error"] = error
             return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
         return event + b"\n\n"
-
-
-def _data(event: bytes) -> dict[str, Any] | None:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            try:
-                payload = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                return None
-            return payload if isinstance(payload, dict) else None
-    return None
 
 
 def error_event(message: str, kind: str = "api_error") -> bytes:

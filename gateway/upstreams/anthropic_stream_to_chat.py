@@ -14,19 +14,9 @@ from typing import Any
 import orjson
 
 from gateway.upstreams.anthropic_translate import STOP_TO_FINISH, usage_to_openai
+from gateway.upstreams.sse import event_data
 
 DONE = b"data: [DONE]\n\n"
-
-
-def _data(event: bytes) -> dict[str, Any] | None:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            try:
-                payload = orjson.loads(line[5:])
-            except orjson.JSONDecodeError:
-                return None
-            return payload if isinstance(payload, dict) else None
-    return None
 
 
 class AnthropicToChatChunks:
@@ -41,7 +31,7 @@ class AnthropicToChatChunks:
         self.calls: dict[int, int] = {}  # content block index -> chat tool call index
 
     def feed(self, events: bytes) -> bytes:
-        return b"".join(self._event(payload) for raw in events.split(b"\n\n") if raw and (payload := _data(raw)) is not None)
+        return b"".join(self._event(payload) for raw in events.split(b"\n\n") if raw and (payload := event_data(raw)) is not None)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,

@@ -116,6 +116,18 @@ class SseRelay:
         return self._events.leftover()
 
 
+def event_data(event: bytes) -> dict[str, Any] | None:
+    """The JSON object in an event's `data:` line, or None (no such line, not JSON, not an object)."""
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                payload = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return None
+            return payload if isinstance(payload, dict) else None
+    return None
+
+
 def _tail_start(events: bytes, count: int) -> int:
     """Where the last `count` events of `events` (which ends with a blank line) begin."""
     at = len(events) - 2
