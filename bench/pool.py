@@ -163,6 +163,7 @@ def summarize(outcomes: Sequence[Outcome], before: Sequence[ReplicaMetrics], aft
     queries = sum(a.prefix_queries - b.prefix_queries for b, a in pairs)
     hits = sum(a.prefix_hits - b.prefix_hits for b, a in pairs)
     served = [round(a.e2e_count - b.e2e_count) for b, a in pairs]
+    per_replica = [_ratio(a.prefix_hits - b.prefix_hits, a.prefix_queries - b.prefix_queries) for b, a in pairs]
     errors: dict[str, int] = {}
     for o in outcomes:
         if o.error is not None:
@@ -172,6 +173,7 @@ def summarize(outcomes: Sequence[Outcome], before: Sequence[ReplicaMetrics], aft
         "cached_share": hits / queries if queries else math.nan,
         "ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p95_ms": percentile(ttfts, 95) * 1000,
         "busiest_share": max(served) / sum(served) if sum(served) else math.nan, "requests_per_replica": served,
+        "cached_share_per_replica": [round(c, 3) for c in per_replica],
     }
 
 

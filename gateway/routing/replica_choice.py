@@ -7,10 +7,14 @@ The rule, in order:
    spill (`unhealthy`) when the model has a fallback.
 2. A request whose prompt fills at least one KV block has a prefix key (its first block,
    tenant salt included). Its preferred order is the key's home replica (prefix_homes.py),
-   then the others by how many of its leading blocks each was sent recently, then by
-   rendezvous rank of the key - the same order on every gateway replica. A prompt too
-   short to cache goes to the least loaded replica.
-3. The first replica in that order with room takes it. A replica has no room when taking
+   then the others by rendezvous rank of the key - the same order on every gateway
+   replica, whatever each alone routed. A key without a home yet prefers the replicas
+   by how many of its leading blocks each was sent recently, then by rendezvous rank. A
+   prompt too short to cache goes to the least loaded replica.
+3. The first replica in that order with room takes it if it would start it at once
+   (even cold: a home that moved fills only so); with a queue there, the next one in
+   order that would give the first token markedly sooner, its cold prefill included,
+   takes it instead. A replica has no room when taking
    the request would queue it there (its load reaches its slots: `max_num_seqs`,
    configured or learned) while the pool on average has room, or when its load passes
    `load_factor` x the pool's average, or its KV use passes `max_kv_usage`. So a hot
@@ -131,7 +135,11 @@ def _preference(usable: list[ReplicaView], request: ChoiceRequest) -> list[Repli
         n = len(usable)
         return sorted(usable, key=lambda v: (v.load, (usable.index(v) - request.turn) % n))
     key = request.key
-    return sorted(usable, key=lambda v: (v.url != request.home, -v.matched, -rendezvous_rank(key, v.url)))
+    if request.home is not None and any(v.url == request.home for v in usable):
+        # After the home, the key's rendezvous order alone: every gateway overflows a busy
+        # prefix to the same replica, where what one gateway alone sent would differ.
+        return sorted(usable, key=lambda v: (v.url != request.home, -rendezvous_rank(key, v.url)))
+    return sorted(usable, key=lambda v: (-v.matched, -rendezvous_rank(key, v.url)))
 
 
 def predicted_ttft_s(view: ReplicaView, request: ChoiceRequest, prefill_s_per_token: float) -> float:
@@ -169,5 +177,12 @@ def _place(order: list[ReplicaView], request: ChoiceRequest, settings: ChoiceSet
     def ttft(v: ReplicaView) -> float:
         return predicted_ttft_s(v, request, v.prefill_s_per_token if v.prefill_s_per_token is not None else prefill)
 
-    sooner = min(roomy, key=ttft)
-    return sooner if ttft(sooner) < SOONER * ttft(first) else first
+    if predicted_wait_s(first) <= 0:
+        # No queue at the preferred replica: it takes the request, even cold. Leaving it
+        # for a replica that this gateway alone saw hold the prefix would keep each
+        # gateway on its own past choices, and a moved home would never fill.
+        return first
+    for v in roomy[1:]:  # in preference order, so that every gateway overflows alike
+        if ttft(v) < SOONER * ttft(first):
+            return v
+    return first

@@ -34,6 +34,7 @@ def test_an_arm_is_measured_by_the_counters_moved_during_it() -> None:
     arm = summarize(outcomes, before, after)
     assert math.isclose(arm["cached_share"], (1600 + 1400) / (2000 + 2000))
     assert arm["requests_per_replica"] == [3, 1] and arm["busiest_share"] == 0.75
+    assert arm["cached_share_per_replica"] == [0.8, 0.7]
     assert arm["errors"] == 1 and arm["error_kinds"] == {"http_502": 1}
     assert 30 < arm["ttft_p95_ms"] <= 500
 

@@ -46,15 +46,27 @@ def test_the_prefix_home_wins_over_a_stray_match_elsewhere() -> None:
     assert choose_replica(views(r3={"matched": 30}), request, SETTINGS).replica == URLS[1]
 
 
-def test_a_full_replica_sends_the_hot_tenant_to_where_its_prefix_also_is() -> None:
-    # r0 holds the prefix but runs all 4 of its slots; the pool has room elsewhere, so the
-    # request goes to r2, which also holds it, rather than queue.
+def test_a_full_home_sends_the_hot_tenant_where_every_gateway_sends_it() -> None:
+    # r0, its home, runs all 4 of its slots; the pool has room elsewhere, so the request
+    # goes to the key's next replica in rendezvous order rather than queue - not to one
+    # this gateway alone saw hold the prefix, which the other gateways did not.
     request = ChoiceRequest(key=b"hot", home=URLS[0])
-    choice = choose_replica(views(r0={"matched": 30, "load": 4, "slots": 4, "slot_time_s": 1.0},
-                                  r1={"slots": 4}, r2={"matched": 30, "load": 1, "slots": 4}, r3={"slots": 4}),
-                            request, SETTINGS)
-    assert choice.replica == URLS[2]
-    assert choice.predicted_wait_s == 0
+    second = rendezvous_order(b"hot", URLS[1:])[0]
+    elsewhere = next(url for url in URLS[1:] if url != second)
+    full_home = {"matched": 30, "load": 4, "slots": 4, "slot_time_s": 1.0}
+    for seen in ({}, {f"r{URLS.index(elsewhere)}": {"matched": 30, "load": 1, "slots": 4}}):
+        choice = choose_replica(views(r0=full_home, **seen), request, SETTINGS)  # type: ignore[arg-type]
+        assert choice.replica == second and choice.reason == "overflow"
+        assert choice.predicted_wait_s == 0
+
+
+def test_a_home_without_a_queue_takes_its_prefix_even_cold() -> None:
+    # The home moved: the old replica still holds the prefix, the new one not yet. With no
+    # queue at the new home it takes the request, so the prefix moves there for good.
+    request = ChoiceRequest(key=b"a", home=URLS[1], blocks=40, block_tokens=16)
+    fast = {"prefill_s_per_token": 0.0005, "slots": 4, "slot_time_s": 0.6}
+    choice = choose_replica(views(r0={**fast, "matched": 40}, r1={**fast, "load": 3}, r2=fast, r3=fast), request, SETTINGS)
+    assert choice.replica == URLS[1] and choice.reason == "home"
 
 
 def test_no_replica_takes_far_more_than_its_share() -> None:
