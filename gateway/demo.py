@@ -130,15 +130,18 @@ Press Ctrl-C to stop.
 
 
 async def _serve_all(servers: list[uvicorn.Server], banner: str) -> None:
-    """Serve them all; the banner is printed once every one of them listens, so what it
-    tells a user (or a script reading it) to call answers at once."""
-    running = [asyncio.create_task(s.serve()) for s in servers]
-    while not all(s.started for s in servers):
-        if any(task.done() for task in running):  # one could not start: it has said why
-            break
-        await asyncio.sleep(0.01)
-    else:
-        print(banner, flush=True)
+    """Serve them all, each once the ones before it listen (the simulators before the
+    gateway, so its pool finds its replicas up); the banner is printed once every one of
+    them listens, so what it tells a user (or a script reading it) to call answers at once."""
+    running: list[asyncio.Task[None]] = []
+    for server in servers:
+        running.append(asyncio.create_task(server.serve()))
+        while not server.started:
+            if any(task.done() for task in running):  # one could not start: it has said why
+                await asyncio.gather(*running)
+                return
+            await asyncio.sleep(0.01)
+    print(banner, flush=True)
     await asyncio.gather(*running)
 
 

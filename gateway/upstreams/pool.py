@@ -40,6 +40,7 @@ class Replica:
     proxy: str | None
     in_flight: int = 0  # this gateway's requests on it
     healthy: bool = True
+    seen_up: bool = False  # has answered this gateway (a probe or a request) since it started
     draining: bool = False
     errors: int = 0  # consecutive 5xx answers
     ejected_because: str | None = None
@@ -184,6 +185,7 @@ class Pool:
         self._leave_if_drained(replica)
 
     def answered(self, replica: Replica, status: int) -> None:
+        replica.seen_up = True
         if status < 500:
             replica.errors = 0
             return
@@ -198,7 +200,10 @@ class Pool:
 
     def eject(self, replica: Replica, why: str) -> None:
         if replica.healthy:
-            log.warning("pool %s: replica %s taken out: %s", self.name, replica.url, why)
+            # One that has not answered yet is starting up (the gateway came up first), not failing.
+            level = logging.WARNING if replica.seen_up else logging.INFO
+            what = "taken out" if replica.seen_up else "not up yet"
+            log.log(level, "pool %s: replica %s %s: %s", self.name, replica.url, what, why)
         replica.healthy = False
         replica.ejected_because = why
         replica.errors = 0
@@ -211,8 +216,9 @@ class Pool:
             self.eject(replica, why or "/health did not answer 200")
             return
         if not replica.healthy:
-            log.warning("pool %s: replica %s is back", self.name, replica.url)
-        replica.healthy = True
+            log.log(logging.WARNING if replica.seen_up else logging.INFO, "pool %s: replica %s is %s", self.name, replica.url,
+                    "back" if replica.seen_up else "up")
+        replica.healthy = replica.seen_up = True
         replica.ejected_because = None
         if metrics is None:
             return

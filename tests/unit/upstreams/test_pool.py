@@ -3,6 +3,8 @@ takes replicas out and back, drains the ones a policy edit removes, and spills."
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from gateway.errors import PoolSpill
@@ -135,3 +137,17 @@ def test_a_saturated_pool_spills_only_what_cannot_start_in_time() -> None:
     p.finished(replica)
     assert p.choose(request(can_spill=True)) is replica, "drained: back to the pool"
     assert p.snapshot()["choices"]["saturated"] == 1
+
+
+def test_a_replica_not_up_yet_is_no_warning_but_one_that_fails_after_answering_is(caplog: pytest.LogCaptureFixture) -> None:
+    # The gateway often starts before its pool: a replica that has never answered is starting, not failing.
+    p, _ = pool()
+    replica = p.replicas[URLS[0]]
+    with caplog.at_level(logging.INFO, logger="gateway.pool"):
+        p.probed(replica, False, None, "ClientConnectorError")
+        p.probed(replica, True, None)
+        p.probed(replica, False, None, "ClientConnectorError")
+        p.probed(replica, True, None)
+    said = [(r.levelname, r.getMessage().split(URLS[0])[1]) for r in caplog.records]
+    assert said == [("INFO", " not up yet: ClientConnectorError"), ("INFO", " is up"),
+                    ("WARNING", " taken out: ClientConnectorError"), ("WARNING", " is back")]
