@@ -44,10 +44,9 @@ class Metrics:
         self.volatile_prefix = Counter("gateway_prompt_prefix_volatile", "Prompts whose prefix holds volatile content",
                                        ["tenant", "kind"], registry=r)
         self.escalations = Counter("gateway_escalations", "Route escalations by verifiable reason", ["route", "reason"], registry=r)
-        # Read at each scrape: the pipeline's count once `watch_in_flight` names it, else this figure.
-        self.serving = 0
+        # Read at each scrape, from the count `watch_in_flight` names (none yet: zero).
         self.in_flight = Gauge("gateway_requests_in_flight", "Requests being served", registry=r)
-        self.in_flight.set_function(lambda: self.serving)
+        self.in_flight.set_function(lambda: 0)
         ProcessCollector(registry=r)  # CPU, memory, open files of this process
         self._without_tenants = CollectorRegistry(auto_describe=False)
         self._without_tenants.register(WithoutTenants(r))

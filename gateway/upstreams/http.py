@@ -101,11 +101,8 @@ class HttpUpstream:
         return self._session
 
     def _pick(self, request: PoolRequest | None) -> Replica:
-        if self.pool is not None:
-            replica = self.pool.choose(request)  # counted in flight there; may raise PoolSpill
-        else:
-            replica = self._endpoint
-            replica.in_flight += 1
+        # A pool counts its replicas' requests in flight itself (and may raise PoolSpill).
+        replica = self.pool.choose(request) if self.pool is not None else self._endpoint
         self.active += 1
         self._idle.clear()
         return replica
@@ -113,8 +110,6 @@ class HttpUpstream:
     def _release(self, replica: Replica) -> None:
         if self.pool is not None:
             self.pool.finished(replica)
-        else:
-            replica.in_flight -= 1
         self.active -= 1
         if self.active <= 0:
             self._idle.set()

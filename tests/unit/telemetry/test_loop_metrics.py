@@ -74,7 +74,8 @@ def test_every_family_is_exported_before_any_call() -> None:
 
 def test_requests_in_flight_is_read_at_scrape_time() -> None:
     metrics = Metrics()
-    metrics.serving = 3
+    serving = [3]
+    metrics.watch_in_flight(lambda: serving[0])
     assert b"gateway_requests_in_flight 3.0" in metrics.render(with_tenants=True)
-    metrics.serving = 0
+    serving[0] = 0
     assert b"gateway_requests_in_flight 0.0" in metrics.render(with_tenants=True)
