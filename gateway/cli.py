@@ -277,6 +277,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def _ledger_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
+    """--policy and --database-url, for the commands that read the ledger (`demo`: the
+    policy falls back to a demo's, as `policy_path(demo=True)` does)."""
+    fallback = ", else a demo's in var/demo/" if demo else ""
+    parser.add_argument("--policy", help=f"policy YAML (default: $GATEWAY_POLICY{fallback})")
+    parser.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="Cost-aware OpenAI-compatible model gateway")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -320,16 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
                                 " (default: each hosted upstream of the policy)")
     reconcile.add_argument("--since", help="first day, YYYY-MM-DD (default: the first of this month, UTC)")
     reconcile.add_argument("--until", help="day after the last, YYYY-MM-DD (default: through today)")
-    reconcile.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY, else a demo's in var/demo/)")
-    reconcile.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
+    _ledger_options(reconcile, demo=True)
     reconcile.add_argument("--quiet", action="store_true", help="no progress bar")
     reconcile.set_defaults(func=cmd_reconcile)
 
     routes = sub.add_parser("routes", help="routing reports")
     routes_sub = routes.add_subparsers(dest="routes_command", required=True)
     report = routes_sub.add_parser("report", help="per route: escalation rate by reason, cost per successful request")
-    report.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY, else a demo's in var/demo/)")
-    report.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
+    _ledger_options(report, demo=True)
     report.add_argument("--since", help="first day, YYYY-MM-DD")
     report.set_defaults(func=cmd_routes_report)
 
@@ -339,8 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     costs.add_argument("--since", required=True, help="first day, YYYY-MM-DD (from 00:00 UTC)")
     costs.add_argument("--until", help="day after the last, YYYY-MM-DD (default: until now)")
     costs.add_argument("--upstream", help="the pool's upstream name (default: every vLLM upstream)")
-    costs.add_argument("--policy", help="policy YAML (default: $GATEWAY_POLICY)")
-    costs.add_argument("--database-url", help="ledger database (default: $DATABASE_URL or the SQLite file under var/)")
+    _ledger_options(costs, demo=False)
     costs.add_argument("--json", action="store_true", help="JSON instead of a table")
     costs.set_defaults(func=cmd_pool_costs)
 
