@@ -9,6 +9,8 @@
   the upstream per request (`x-portkey-provider: openai`, `x-portkey-custom-host`).
 - vllm-router: the Rust router pinned by bench/vllm_router_venv.py, the simulator as its one
   worker; it forwards the client's headers (the simulator's key included) as they come.
+- passthrough: bench/passthrough.py, a forwarder on the gateway's own server and client
+  that does nothing else: the floor any proxy on that stack sets on the machine at hand.
 
 A `Proxy` is spawned by its constructor, which returns once the proxy has answered its
 readiness path and a first chat completion with 200 (both timed from spawn).
@@ -31,7 +33,7 @@ from bench.placement import Placement
 from bench.workload import chat_body
 from gateway.auth.keys import key_digest, new_api_key
 
-PEERS = ("ours", "litellm", "portkey", "vllm-router")
+PEERS = ("ours", "litellm", "portkey", "vllm-router", "passthrough")
 LITELLM_READY_TIMEOUT_S = 180.0  # first import of litellm[proxy] is slow
 LITELLM_CONFIG = """\
 model_list:
@@ -254,6 +256,21 @@ class VllmRouter(Proxy):
         return argv, vllm_router_venv.runtime_env()
 
 
+class Passthrough(Proxy):
+    """No keys of its own: the client's Authorization (the simulator's key) goes on as is."""
+
+    name, ready_path = "passthrough", "/health"  # the simulator's own, forwarded
+
+    def __init__(self, sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None) -> None:
+        self.api_key = SIM_KEY
+        super().__init__(sim_port, workdir, exits, place)
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        script = Path(__file__).resolve().parent / "passthrough.py"
+        argv = [sys.executable, str(script), "--port", str(self.port), "--upstream", f"http://127.0.0.1:{self.sim_port}"]
+        return argv, dict(os.environ)
+
+
 def start(
     name: str, args: argparse.Namespace, paths: dict[str, Path], sim_port: int, workdir: Path, exits: ExitStack, place: Placement | None
 ) -> Proxy:
@@ -267,4 +284,6 @@ def start(
         return Portkey(paths["portkey"], *rest)
     if name == "vllm-router":
         return VllmRouter(paths["vllm-router"], args.vllm_router_policy, *rest)
+    if name == "passthrough":
+        return Passthrough(*rest)
     raise ValueError(f"unknown proxy {name!r}; one of {', '.join(PEERS)}")
