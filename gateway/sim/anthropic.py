@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from functools import partial
+from pathlib import Path
 
 from gateway.sim import anthropic_messages
 from gateway.sim.anthropic_messages import error_body, reply
 from gateway.sim.anthropic_reports import cost_report, injected_usage, usage_report
-from gateway.sim.anthropic_state import AnthropicSimConfig, AnthropicSimStats, AnthropicState
+from gateway.sim.anthropic_state import AnthropicSimConfig, AnthropicSimStats, AnthropicState, MessagesUsage
 from gateway.sim.asgi import Handler, HttpRequest, Receive, RoutedApp, Send, send_json
 from gateway.sim.generation import SimRequestError
 from gateway.sim.runtime_config import patch_config
+from gateway.sim.usage_report import UsageLedger
 
 __all__ = ["AnthropicSimConfig", "AnthropicSimStats", "AnthropicSimulator", "create_anthropic_app"]
 
@@ -28,8 +30,9 @@ MODEL_CREATED = "2024-10-22T00:00:00Z"
 class AnthropicSimulator(RoutedApp):
     """ASGI app; `config` may be changed in place (or via `POST /sim/config`) while serving."""
 
-    def __init__(self, config: AnthropicSimConfig) -> None:
-        self.state = AnthropicState(config)
+    def __init__(self, config: AnthropicSimConfig, usage_journal: Path | None = None) -> None:
+        usage = UsageLedger.kept_in(usage_journal, MessagesUsage) if usage_journal is not None else UsageLedger()
+        self.state = AnthropicState(config, usage=usage)
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/messages"): partial(anthropic_messages.messages, self.state),
             ("POST", "/v1/messages/count_tokens"): partial(anthropic_messages.count_tokens, self.state),
@@ -68,9 +71,9 @@ class AnthropicSimulator(RoutedApp):
             return
         try:
             if kind == "usage":
-                page = usage_report(self.state.usage, request.query, time.time())
+                page = usage_report(self.state.usage.records, request.query, time.time())
             else:
-                page = cost_report(self.state.usage, request.query, self.config.prices, time.time())
+                page = cost_report(self.state.usage.records, request.query, self.config.prices, time.time())
         except SimRequestError as error:
             await send_json(send, 400, error_body("invalid_request_error", error.message))
             return
@@ -78,7 +81,7 @@ class AnthropicSimulator(RoutedApp):
 
     async def _stats(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         snapshot = self.stats.snapshot()
-        snapshot["billed_calls"] = len(self.state.usage)
+        snapshot["billed_calls"] = len(self.state.usage.records)
         await send_json(send, 200, snapshot)
 
     async def _get_config(self, request: HttpRequest, receive: Receive, send: Send) -> None:
@@ -99,7 +102,7 @@ class AnthropicSimulator(RoutedApp):
         await send_json(send, 200, {"reset": True})
 
     async def _usage(self, request: HttpRequest, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, {"data": [dataclasses.asdict(r) for r in self.state.usage]})
+        await send_json(send, 200, {"data": [dataclasses.asdict(r) for r in self.state.usage.records]})
 
     async def _inject(self, request: HttpRequest, receive: Receive, send: Send) -> None:
         try:
@@ -108,9 +111,10 @@ class AnthropicSimulator(RoutedApp):
             message = error.message if isinstance(error, SimRequestError) else "Expected a JSON body."
             await send_json(send, 400, error_body("invalid_request_error", message))
             return
-        self.state.usage.append(record)
+        self.state.usage.add(record)
         await send_json(send, 200, dataclasses.asdict(record))
 
 
-def create_anthropic_app(config: AnthropicSimConfig | None = None) -> AnthropicSimulator:
-    return AnthropicSimulator(config or AnthropicSimConfig())
+def create_anthropic_app(config: AnthropicSimConfig | None = None, usage_journal: Path | None = None) -> AnthropicSimulator:
+    """`usage_journal`: a file that keeps the usage and cost reports across restarts (UsageLedger)."""
+    return AnthropicSimulator(config or AnthropicSimConfig(), usage_journal)

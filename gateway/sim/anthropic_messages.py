@@ -161,8 +161,8 @@ def _message(call: Call, message_id: str, plan: MessagePlan, usage: CacheUsage) 
 
 
 def _bill(state: AnthropicState, call: Call, usage: CacheUsage, output: int) -> None:
-    state.usage.append(MessagesUsage(time.time(), call.model, call.key_id, call.request_id, usage.input_tokens,
-                                     usage.cache_read, usage.cache_write_5m, usage.cache_write_1h, output))
+    state.usage.add(MessagesUsage(time.time(), call.model, call.key_id, call.request_id, usage.input_tokens,
+                                  usage.cache_read, usage.cache_write_5m, usage.cache_write_1h, output))
 
 
 async def messages(state: AnthropicState, request: HttpRequest, receive: Receive, send: Send) -> None:

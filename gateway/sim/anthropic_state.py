@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from gateway.sim.anthropic_cache import AnthropicPromptCache
 from gateway.sim.asgi import RequestStats
 from gateway.sim.ratelimit import TokenBucket
+from gateway.sim.usage_report import UsageLedger
 
 # API versions are dates; the first is 2023-01-01 and every SDK release names a later one.
 VERSION = re.compile(r"^20[2-9][0-9]-[01][0-9]-[0-3][0-9]$")
@@ -169,7 +170,7 @@ class AnthropicState:
     stats: AnthropicSimStats = field(default_factory=AnthropicSimStats)
     cache: AnthropicPromptCache = field(default_factory=AnthropicPromptCache)
     limits: AnthropicLimits = field(default_factory=AnthropicLimits)
-    usage: list[MessagesUsage] = field(default_factory=list)
+    usage: UsageLedger[MessagesUsage] = field(default_factory=UsageLedger)
     counter: int = 0
     ids: random.Random = field(default_factory=random.Random)
 

@@ -19,7 +19,7 @@ from gateway.sim.generation import SimRequestError
 from gateway.sim.hosted_faults import openai_error
 from gateway.sim.hosted_state import HostedSimConfig, HostedSimStats, HostedState
 from gateway.sim.runtime_config import patch_config
-from gateway.sim.usage_report import UsageLedger, costs_page, injected_record, usage_page
+from gateway.sim.usage_report import UsageLedger, UsageRecord, costs_page, injected_record, usage_page
 
 __all__ = ["HostedSimConfig", "HostedSimStats", "HostedSimulator", "create_hosted_app"]
 
@@ -30,7 +30,7 @@ class HostedSimulator(RoutedApp):
     """ASGI app; `config` may be changed in place (or via `POST /sim/config`) while serving."""
 
     def __init__(self, config: HostedSimConfig, usage_journal: Path | None = None) -> None:
-        self.state = HostedState(config, usage=UsageLedger.kept_in(usage_journal) if usage_journal is not None else UsageLedger())
+        self.state = HostedState(config, usage=UsageLedger.kept_in(usage_journal, UsageRecord) if usage_journal is not None else UsageLedger())
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): partial(hosted_inference.chat, self.state),
             ("POST", "/v1/completions"): partial(hosted_inference.completions, self.state),
@@ -60,7 +60,7 @@ class HostedSimulator(RoutedApp):
         return self.state.stats
 
     @property
-    def usage(self) -> UsageLedger:
+    def usage(self) -> UsageLedger[UsageRecord]:
         return self.state.usage
 
     async def unrouted(self, request: HttpRequest, receive: Receive, send: Send) -> None:

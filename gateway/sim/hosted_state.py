@@ -78,7 +78,7 @@ class HostedState:
 
     config: HostedSimConfig
     stats: HostedSimStats = field(default_factory=HostedSimStats)
-    usage: UsageLedger = field(default_factory=UsageLedger)
+    usage: UsageLedger[UsageRecord] = field(default_factory=UsageLedger)
     prompt_cache: HostedPromptCache = field(default_factory=HostedPromptCache)
     rate_limiter: RateLimiter = field(default_factory=RateLimiter)
     truth: TruthLog = field(default_factory=TruthLog)  # chat response id -> was the answer right

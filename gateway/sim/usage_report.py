@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
 import orjson
 
@@ -62,25 +62,38 @@ class UsageRecord:
         return (uncached * price.input + self.cached_tokens * price.cached_input + self.output_tokens * price.output) / 1e6
 
 
+class BilledCall(Protocol):
+    """A simulator's record of one billed call: a dataclass with the call's request id."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def request_id(self) -> str: ...
+
+
+R = TypeVar("R", bound=BilledCall)
+
+
 @dataclass
-class UsageLedger:
-    """Every billed request. With a `journal` file the report outlives the process, as a
+class UsageLedger(Generic[R]):
+    """Every billed request (a simulator's own record type: UsageRecord here, Anthropic's
+    MessagesUsage). With a `journal` file the report outlives the process, as a
     provider's does: each record is appended to it as one JSON line, and a simulator
-    started on the same file reports the earlier usage too (`gateway demo` keeps one
+    started on the same file reports the earlier usage too (`gateway demo` keeps them
     under var/demo/, so reconciliation still matches after a restart)."""
 
-    records: list[UsageRecord] = field(default_factory=list)
+    records: list[R] = field(default_factory=list)
     journal: Path | None = None
 
     @classmethod
-    def kept_in(cls, journal: Path) -> UsageLedger:
+    def kept_in(cls, journal: Path, record_type: type[R]) -> UsageLedger[R]:
         """The records already in `journal` (a last line cut short by a crash is
         skipped), and every new one appended to it."""
         records, skipped = [], False
         if journal.exists():
             for line in journal.read_bytes().splitlines():
                 try:
-                    records.append(UsageRecord(**orjson.loads(line)))
+                    records.append(record_type(**orjson.loads(line)))
                 except (orjson.JSONDecodeError, TypeError):
                     skipped = True
         journal.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +102,7 @@ class UsageLedger:
             ledger._rewrite()  # so the next record starts on a line of its own
         return ledger
 
-    def add(self, record: UsageRecord) -> None:
+    def add(self, record: R) -> None:
         self.records.append(record)
         if self.journal is not None:
             with self.journal.open("ab") as out:
@@ -182,7 +195,7 @@ def _page(window: _Window, results_for: Any) -> dict[str, Any]:
     return {"object": "page", "data": data, "has_more": window.has_more, "next_page": window.next_page}
 
 
-def usage_page(ledger: UsageLedger, query: Mapping[str, list[str]], kind: str) -> dict[str, Any]:
+def usage_page(ledger: UsageLedger[UsageRecord], query: Mapping[str, list[str]], kind: str) -> dict[str, Any]:
     """`GET /v1/organization/usage/{completions,embeddings}`."""
     group_by = _list_param(query, "group_by")
     if unknown := set(group_by) - _USAGE_GROUPS:
@@ -227,7 +240,7 @@ def _usage_result(kind: str, model: str | None, key: str | None, records: list[U
     return result
 
 
-def costs_page(ledger: UsageLedger, query: Mapping[str, list[str]], prices: Mapping[str, ModelPrice]) -> dict[str, Any]:
+def costs_page(ledger: UsageLedger[UsageRecord], query: Mapping[str, list[str]], prices: Mapping[str, ModelPrice]) -> dict[str, Any]:
     """`GET /v1/organization/costs`: one result per line item (model) per day."""
     group_by = _list_param(query, "group_by")
     if unknown := set(group_by) - _COST_GROUPS:

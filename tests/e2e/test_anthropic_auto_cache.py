@@ -31,9 +31,9 @@ def test_a_messages_call_without_breakpoints_gets_one_and_the_second_call_reads_
     for question in ("Can I get a refund?", "How long does it take?"):
         raw = client.messages.with_raw_response.create(model="claude-auto", max_tokens=16, system="Support desk. " + POLICY,
                                                        messages=[{"role": "user", "content": question}])
-        assert raw.parse().usage.cache_read_input_tokens == claude.sim.state.usage[-1].cache_read
+        assert raw.parse().usage.cache_read_input_tokens == claude.sim.state.usage.records[-1].cache_read
         costs.append(Decimal(raw.headers["x-gateway-cost-usd"]))
-        records.append(claude.sim.state.usage[-1])
+        records.append(claude.sim.state.usage.records[-1])
     assert claude.sim.stats.last_body is not None
     assert claude.sim.stats.last_body["system"] == [{"type": "text", "text": "Support desk. " + POLICY,
                                                      "cache_control": {"type": "ephemeral"}}]
@@ -51,7 +51,7 @@ def test_a_chat_call_gets_one_too_and_is_billed_with_cache_reads(claude: ClaudeS
             messages=[{"role": "system", "content": "Chat desk. " + POLICY}, {"role": "user", "content": question}])
         costs.append(Decimal(raw.headers["x-gateway-cost-usd"]))
         usages.append(raw.parse().usage)
-    written, read = claude.sim.state.usage[-2:]
+    written, read = claude.sim.state.usage.records[-2:]
     assert read.cache_read == written.cache_write_5m > 1024
     assert usages[1] is not None and usages[1].prompt_tokens_details is not None
     assert usages[1].prompt_tokens_details.cached_tokens == read.cache_read

@@ -39,7 +39,7 @@ def test_a_stream_says_what_the_whole_answer_says_with_usage_last_booked_exactly
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     *content, last = chunks
     assert last.choices == [] and last.usage is not None and all(c.usage is None for c in content)
-    record = claude.sim.state.usage[-1]
+    record = claude.sim.state.usage.records[-1]
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (record.uncached_input, record.output)
     assert last.usage == whole.usage
     [booked] = claude.task_events(task_id)

@@ -194,6 +194,6 @@ def test_a_failing_chat_model_fails_over_to_claude_natively(claude: ClaudeStack)
     message = raw.parse()
     assert raw.headers["x-gateway-model"] == "claude-small"
     assert claude.sim.stats.last_body is not None and claude.sim.stats.last_body["system"] == system  # untranslated
-    record = claude.sim.state.usage[-1]
+    record = claude.sim.state.usage.records[-1]
     assert message.usage.cache_creation_input_tokens == record.cache_write_5m > 0
     assert Decimal(raw.headers["x-gateway-cost-usd"]) == formula(record)  # the failed attempts cost nothing

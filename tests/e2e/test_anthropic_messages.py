@@ -51,7 +51,7 @@ def test_text_goes_through_untouched_but_for_the_model_and_costs_the_formula(cla
     assert message.type == "message" and message.stop_reason == "end_turn"
     assert message.content[0].type == "text" and message.content[0].text
     assert message.model == "claude-haiku-4-5"  # the answer as the upstream sent it
-    record = claude.sim.state.usage[-1]
+    record = claude.sim.state.usage.records[-1]
     assert (message.usage.input_tokens, message.usage.output_tokens) == (record.uncached_input, record.output)
     assert Decimal(raw.headers["x-gateway-cost-usd"]) == formula(record)
     assert raw.headers["x-gateway-model"] == "claude-small"
@@ -94,7 +94,7 @@ def test_cache_writes_and_reads_are_billed_at_their_own_prices(claude: ClaudeSta
                                                        messages=[{"role": "user", "content": question}])
         message = raw.parse()
         costs.append(Decimal(raw.headers["x-gateway-cost-usd"]))
-        records.append(claude.sim.state.usage[-1])
+        records.append(claude.sim.state.usage.records[-1])
         assert message.usage.cache_read_input_tokens == records[-1].cache_read
     written, read = records
     assert written.cache_write_5m > 1024 and written.cache_read == 0
@@ -109,7 +109,7 @@ def test_one_hour_cache_writes_are_billed_at_their_own_rate(claude: ClaudeStack)
     ask: dict[str, Any] = {"model": "claude-small", "max_tokens": 16, "system": system,
                            "messages": [{"role": "user", "content": "Is invoice 3 overdue?"}]}
     raw = client.messages.with_raw_response.create(**ask)
-    written = claude.sim.state.usage[-1]
+    written = claude.sim.state.usage.records[-1]
     assert raw.parse().usage.cache_creation is not None
     assert raw.parse().usage.cache_creation.ephemeral_1h_input_tokens == written.cache_write_1h > 1024
     assert written.cache_write_5m == 0
@@ -121,7 +121,7 @@ def test_one_hour_cache_writes_are_billed_at_their_own_rate(claude: ClaudeStack)
     task_id = claude.open_task()  # streamed, a read of what the first call wrote
     with client.messages.stream(**ask, extra_headers={"x-task-id": task_id}) as stream:
         stream.until_done()
-    read = claude.sim.state.usage[-1]
+    read = claude.sim.state.usage.records[-1]
     assert read.cache_read == written.cache_write_1h and read.cache_write_1h == 0
     [booked] = claude.task_events(task_id)
     assert Decimal(booked["cost_usd"]) == formula(read)
@@ -159,13 +159,13 @@ def test_a_missing_max_tokens_is_a_bad_request_in_anthropic_shape(claude: Claude
 
 
 def test_an_exhausted_budget_is_a_rate_limit_error_not_worth_retrying(claude: ClaudeStack) -> None:
-    billed = len(claude.sim.state.usage)
+    billed = len(claude.sim.state.usage.records)
     with pytest.raises(anthropic.RateLimitError) as caught:
         claude.client(key=claude.stack.other_key).messages.create(
             model="claude-small", max_tokens=16, messages=[{"role": "user", "content": "Hi"}])
     assert caught.value.response.headers["x-should-retry"] == "false"
     assert isinstance(caught.value.body, dict) and caught.value.body["error"]["type"] == "rate_limit_error"
-    assert len(claude.sim.state.usage) == billed  # never sent upstream
+    assert len(claude.sim.state.usage.records) == billed  # never sent upstream
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
@@ -195,7 +195,7 @@ def test_a_stream_says_what_the_whole_answer_says_and_is_booked_at_its_usage(cla
     assert final.content[0].text == whole.content[0].text
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
     assert not [name for name in headers if name.lower().startswith("anthropic-ratelimit")]
-    record = claude.sim.state.usage[-1]
+    record = claude.sim.state.usage.records[-1]
     assert (final.usage.input_tokens, final.usage.cache_read_input_tokens, final.usage.output_tokens) == (
         record.uncached_input, record.cache_read, record.output)
     [booked] = claude.task_events(task_id)
@@ -226,11 +226,11 @@ def test_a_client_that_hangs_up_mid_stream_cancels_the_upstream_call(claude: Cla
 
 def test_count_tokens_is_passed_to_the_upstream_and_not_billed(claude: ClaudeStack) -> None:
     client = claude.client()
-    billed = len(claude.sim.state.usage)
+    billed = len(claude.sim.state.usage.records)
     counted = client.messages.count_tokens(model="claude-small", system="You answer for the accounts team.",
                                            messages=[{"role": "user", "content": "What is due this week?"}])
     assert counted.input_tokens > 0
     assert claude.sim.stats.last_body is not None and claude.sim.stats.last_body["model"] == "claude-haiku-4-5"
-    assert len(claude.sim.state.usage) == billed
+    assert len(claude.sim.state.usage.records) == billed
     with pytest.raises(anthropic.NotFoundError):
         client.messages.count_tokens(model="claude-nonesuch", messages=[{"role": "user", "content": "Hi"}])

@@ -86,7 +86,7 @@ def make_calls(claude: ClaudeStack) -> None:
                                 messages=[{"role": "user", "content": "Summarise the terms."}]) as stream:
         stream.get_final_message()
     client.messages.create(model="claude-small", max_tokens=32, messages=[{"role": "user", "content": "Say hello."}])
-    billed = claude.sim.state.usage
+    billed = claude.sim.state.usage.records
     assert len(billed) == 4 and billed[0].cache_write_5m > 1024 and billed[1].cache_read == billed[2].cache_read > 1024
 
 
@@ -128,7 +128,7 @@ def test_the_admin_api_reports_match_the_ledger_then_show_a_call_the_gateway_nev
 
     [row] = admin_report(claude)["rows"]
     assert (row["model"], row["key_id"], row["status"], row["reasons"]) == (MODEL, KEY_ID, MATCHED, [])
-    billed = claude.sim.state.usage
+    billed = claude.sim.state.usage.records
     tokens = {"input_tokens": sum(r.uncached_input + r.cache_read + r.cache_write_5m + r.cache_write_1h for r in billed),
               "cached_tokens": sum(r.cache_read for r in billed), "output_tokens": sum(r.output for r in billed)}
     for side in ("ledger", "provider"):

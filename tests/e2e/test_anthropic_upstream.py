@@ -41,8 +41,8 @@ def test_chat_to_an_anthropic_upstream_costs_exactly_the_formula(tmp_path: Path)
                 usages.append(reply.usage)
             assert sim.stats.last_authorization == "sk-ant-upstream"
             assert stack.key not in str(sim.stats.last_headers)
-            assert sim.state.usage[0].cache_read == 0  # no cache_control sent: nothing cached
-            billed = sim.state.usage
+            assert sim.state.usage.records[0].cache_read == 0  # no cache_control sent: nothing cached
+            billed = sim.state.usage.records
             for cost, record in zip(costs, billed, strict=True):
                 expected = (record.uncached_input * Decimal("0.80") + record.cache_read * Decimal("0.08")
                             + (record.cache_write_5m + record.cache_write_1h) * Decimal("1.00")

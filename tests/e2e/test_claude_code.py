@@ -54,7 +54,7 @@ def test_a_claude_code_session_with_a_tool_streams_through_the_gateway(claude_co
     work.mkdir()
     (work / "notes.txt").write_text("Invoice 42 is 1,250.00 EUR.\n")
     task_id = claude.open_task("5.00")
-    billed = len(claude.sim.state.usage)
+    billed = len(claude.sim.state.usage.records)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "ANTHROPIC_BASE_URL": claude.stack.root,
            "ANTHROPIC_API_KEY": claude.stack.key, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "ANTHROPIC_MODEL": "claude-small", "ANTHROPIC_SMALL_FAST_MODEL": "claude-small",
@@ -72,7 +72,7 @@ def test_a_claude_code_session_with_a_tool_streams_through_the_gateway(claude_co
     assert tool_uses and tool_uses[0]["name"] == "Read"
     assert claude.sim.stats.last_authorization == UPSTREAM_KEY and claude.stack.key not in str(claude.sim.stats.last_headers)
     assert claude.sim.stats.last_body is not None and claude.sim.stats.last_body["stream"] is True
-    records = claude.sim.state.usage[billed:]
+    records = claude.sim.state.usage.records[billed:]
     assert len(records) >= 2 and records[-1].cache_read > 0  # Claude Code's own breakpoints, read on the next turn
     booked = claude.task_events(task_id)
     assert [b["status"] for b in booked] == ["ok"] * len(records)

@@ -223,7 +223,7 @@ def test_an_injected_call_is_billed_in_both_reports(start_sim: Callable[..., tup
     [row] = usage
     assert (row["api_key_id"], row["cache_creation"]["ephemeral_1h_input_tokens"], row["output_tokens"]) == ("apikey_unseen", 1000, 10)
     price = app.config.prices[MODEL]
-    [billed] = app.state.usage
+    [billed] = app.state.usage.records
     assert billed.cache_write_1h == 1000 and price.cache_write_1h == 2 * price.input  # 1-hour writes at their own rate
 
 

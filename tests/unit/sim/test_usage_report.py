@@ -78,18 +78,18 @@ def test_omit_and_key_ids() -> None:
 
 def test_a_journal_keeps_the_report_across_restarts(tmp_path: Path) -> None:
     journal = tmp_path / "sim" / "usage.jsonl"
-    first = UsageLedger.kept_in(journal)
+    first = UsageLedger.kept_in(journal, UsageRecord)
     for record in ledger().records:
         first.add(record)
     assert first.omit("req_2")
     with journal.open("ab") as out:
         out.write(b'{"timestamp": 1700000099, "kind": "compl')  # a crash mid-line
-    again = UsageLedger.kept_in(journal)
+    again = UsageLedger.kept_in(journal, UsageRecord)
     assert [r.request_id for r in again.records] == ["req_1", "req_3", "req_4", "req_5"]
     assert again.records[0] == ledger().records[0]
     page = usage_page(again, q(start_time=str(T0), end_time=str(T0 + 3600), bucket_width="1h"), "completions")
     assert page["data"][0]["results"][0]["num_model_requests"] == 2
     again.add(ledger().records[1])
-    assert [r.request_id for r in UsageLedger.kept_in(journal).records] == ["req_1", "req_3", "req_4", "req_5", "req_2"]
+    assert [r.request_id for r in UsageLedger.kept_in(journal, UsageRecord).records] == ["req_1", "req_3", "req_4", "req_5", "req_2"]
     again.clear()
-    assert UsageLedger.kept_in(journal).records == []
+    assert UsageLedger.kept_in(journal, UsageRecord).records == []
