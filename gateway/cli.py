@@ -301,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8080)
     demo.add_argument("--hosted-port", type=int, default=9100)
     demo.add_argument("--vllm-port", type=int, default=9200)
+    demo.add_argument("--anthropic-port", type=int, default=9300)
     demo.set_defaults(func=cmd_demo)
 
     policy = sub.add_parser("policy", help="policy file tools")

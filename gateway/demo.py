@@ -1,9 +1,9 @@
-"""`gateway demo`: both simulators and a gateway in one process, on local ports, with a
+"""`gateway demo`: the simulators and a gateway in one process, on local ports, with a
 key for the application and one for finance - everything a new user needs to try the
 gateway with no keys or services.
 
 What it generates is kept under var/demo/ (gateway/demo_files.py) and reused on the next
-start: the keys, the simulator's usage report (so reconciliation still matches the
+start: the keys, the simulators' usage reports (so reconciliation still matches the
 ledger after a restart) and the policy, which is the user's to edit: a restart keeps
 the edits, changing only the simulator ports if they moved."""
 
@@ -26,13 +26,16 @@ from gateway.demo_files import DemoFiles, write_private
 from gateway.routing.loader import PolicyInvalid, load_policy_file
 from gateway.serving.protocol import BoundedHttpProtocol
 from gateway.settings import Settings
+from gateway.sim.anthropic import create_anthropic_app
 from gateway.sim.hosted import HostedSimConfig, create_hosted_app
 from gateway.sim.vllm import VllmSimConfig, create_vllm_app
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "policies" / "demo.yaml"
 PLACEHOLDER = re.compile(r"sha256:0{64}")
-TEMPLATE_PORTS = {"hosted": 9100, "vllm": 9200}
-SIMULATOR_KEY_ENV = "DEMO_HOSTED_API_KEY"  # the demo policy's `api_key_env` for the hosted simulator
+TEMPLATE_PORTS = {"hosted": 9100, "vllm": 9200, "anthropic": 9300}
+# The demo policy's `api_key_env`s, and the keys the simulators are given.
+SIMULATOR_KEYS = {"DEMO_HOSTED_API_KEY": "sk-sim-demo", "DEMO_ANTHROPIC_API_KEY": "sk-ant-sim-demo",
+                  "DEMO_ANTHROPIC_ADMIN_KEY": "sk-ant-admin-sim-demo"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +53,17 @@ def _kept_secret(path: Path, make: str) -> str:
     return make
 
 
-def prepare_demo(var_dir: Path, hosted_port: int, vllm_port: int) -> Demo:
-    """The demo's files, made on the first start and kept after."""
+def prepare_demo(var_dir: Path, ports: dict[str, int]) -> Demo:
+    """The demo's files, made on the first start and kept after. `ports`: where each
+    simulator of TEMPLATE_PORTS listens."""
     files = DemoFiles.under(var_dir)
     files.folder.mkdir(parents=True, exist_ok=True)
     key = _kept_secret(files.api_key, new_api_key())
     admin = os.environ.get("GATEWAY_ADMIN_KEY") or _kept_secret(files.admin_key, "sk-admin-" + secrets.token_urlsafe(24))
     provider_keys = files.read_provider_keys()
-    provider_keys[SIMULATOR_KEY_ENV] = os.environ.get(SIMULATOR_KEY_ENV) or provider_keys.get(SIMULATOR_KEY_ENV) or "sk-sim-demo"
+    for name, default in SIMULATOR_KEYS.items():
+        provider_keys[name] = os.environ.get(name) or provider_keys.get(name) or default
     files.write_provider_keys(provider_keys)
-    ports = {"hosted": hosted_port, "vllm": vllm_port}
     notes = _write_policy(files, key, ports)
     files.write_ports(ports)
     return Demo(files, key, admin, notes)
@@ -102,7 +106,8 @@ def _port_free(port: int) -> bool:
 
 
 def _banner(port: int, demo: Demo) -> str:
-    base = f"http://127.0.0.1:{port}/v1"
+    root = f"http://127.0.0.1:{port}"
+    base = f"{root}/v1"
     notes = "".join(f"  ({note})\n" for note in demo.notes)
     return f"""
 Gateway demo is running.
@@ -121,8 +126,17 @@ Try it:
     reply = client.chat.completions.create(model="gpt-4o-mini", messages=[{{"role": "user", "content": "Hello"}}])
     print(reply.choices[0].message.content, reply.usage)
 
+    from anthropic import Anthropic
+    claude = Anthropic(base_url="{root}", api_key="{demo.key}")
+    reply = claude.messages.create(model="claude-small", max_tokens=256, messages=[{{"role": "user", "content": "Hello"}}])
+    print(reply.content[0].text, reply.usage)
+
+Claude Code through the gateway:
+    ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={demo.key} \\
+    ANTHROPIC_MODEL=claude-small ANTHROPIC_DEFAULT_HAIKU_MODEL=claude-small claude
+
 Reports, from this folder in another terminal (`python3 run.py ...` in the repository):
-    gateway reconcile          # the ledger against the simulator's usage report, this month
+    gateway reconcile          # the ledger against the simulators' usage reports, this month
     gateway routes report      # escalations and cost per successful request, per route
 
 Press Ctrl-C to stop.
@@ -146,12 +160,13 @@ async def _serve_all(servers: list[uvicorn.Server], banner: str) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    for port in (args.port, args.hosted_port, args.vllm_port):
+    ports = {"hosted": args.hosted_port, "vllm": args.vllm_port, "anthropic": args.anthropic_port}
+    for port in (args.port, *ports.values()):
         if not _port_free(port):
-            print(f"error: port {port} is in use; pick others with --port/--hosted-port/--vllm-port")
+            print(f"error: port {port} is in use; pick others with --port/--hosted-port/--vllm-port/--anthropic-port")
             return 1
     var_dir = Path(os.environ.get("GATEWAY_VAR_DIR", "var"))
-    demo = prepare_demo(var_dir, args.hosted_port, args.vllm_port)
+    demo = prepare_demo(var_dir, ports)
     try:
         load_policy_file(demo.files.policy)
     except PolicyInvalid as exc:
@@ -172,6 +187,7 @@ def run_demo(args: argparse.Namespace) -> int:
     servers = [
         server(create_hosted_app(HostedSimConfig(), demo.files.hosted_usage), args.hosted_port),
         server(create_vllm_app(VllmSimConfig()), args.vllm_port),
+        server(create_anthropic_app(usage_journal=demo.files.anthropic_usage), args.anthropic_port),
         server(create_app(settings), args.port),
     ]
     try:

@@ -1,6 +1,6 @@
 """What `gateway demo` keeps under the var folder (`var/demo/`): its policy (the user's
-copy to edit), the tenant's API key, the admin key, the simulator's provider key, the
-simulator's usage report and the ports it last ran on.
+copy to edit), the tenant's API key, the admin key, the simulators' provider keys, their
+usage reports and the ports they last ran on.
 
 Read by the demo, and by the report commands a user runs next to it (`gateway
 reconcile`, `gateway routes report`): with no policy named, they use the demo's, and
@@ -50,6 +50,10 @@ class DemoFiles:
     @property
     def hosted_usage(self) -> Path:
         return self.folder / "hosted-usage.jsonl"
+
+    @property
+    def anthropic_usage(self) -> Path:
+        return self.folder / "anthropic-usage.jsonl"
 
     @property
     def ports(self) -> Path:
