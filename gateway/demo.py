@@ -33,6 +33,7 @@ from gateway.sim.vllm import VllmSimConfig, create_vllm_app
 TEMPLATE = Path(__file__).resolve().parent.parent / "policies" / "demo.yaml"
 PLACEHOLDER = re.compile(r"sha256:0{64}")
 TEMPLATE_PORTS = {"hosted": 9100, "vllm": 9200, "anthropic": 9300}
+CLAUDE_MODEL = "claude-small"  # the demo policy's model on Claude's simulator
 # The demo policy's `api_key_env`s, and the keys the simulators are given.
 SIMULATOR_KEYS = {"DEMO_HOSTED_API_KEY": "sk-sim-demo", "DEMO_ANTHROPIC_API_KEY": "sk-ant-sim-demo",
                   "DEMO_ANTHROPIC_ADMIN_KEY": "sk-ant-admin-sim-demo"}
@@ -105,7 +106,26 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _banner(port: int, demo: Demo) -> str:
+def _claude_lines(root: str, key: str, served: bool) -> str:
+    """The anthropic SDK snippet and the Claude Code line, when the policy serves the
+    model they name (a policy kept from an older demo may not)."""
+    if not served:
+        return f"""
+    (your policy has no `{CLAUDE_MODEL}`: delete it to get the current demo policy, with Claude's simulator)
+"""
+    return f"""
+    from anthropic import Anthropic
+    claude = Anthropic(base_url="{root}", api_key="{key}")
+    reply = claude.messages.create(model="{CLAUDE_MODEL}", max_tokens=256, messages=[{{"role": "user", "content": "Hello"}}])
+    print(reply.content[0].text, reply.usage)
+
+Claude Code through the gateway:
+    ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={key} \\
+    ANTHROPIC_MODEL={CLAUDE_MODEL} ANTHROPIC_DEFAULT_HAIKU_MODEL={CLAUDE_MODEL} claude
+"""
+
+
+def _banner(port: int, demo: Demo, serves_claude: bool) -> str:
     root = f"http://127.0.0.1:{port}"
     base = f"{root}/v1"
     notes = "".join(f"  ({note})\n" for note in demo.notes)
@@ -125,16 +145,7 @@ Try it:
     client = OpenAI(base_url="{base}", api_key="{demo.key}")
     reply = client.chat.completions.create(model="gpt-4o-mini", messages=[{{"role": "user", "content": "Hello"}}])
     print(reply.choices[0].message.content, reply.usage)
-
-    from anthropic import Anthropic
-    claude = Anthropic(base_url="{root}", api_key="{demo.key}")
-    reply = claude.messages.create(model="claude-small", max_tokens=256, messages=[{{"role": "user", "content": "Hello"}}])
-    print(reply.content[0].text, reply.usage)
-
-Claude Code through the gateway:
-    ANTHROPIC_BASE_URL={root} ANTHROPIC_API_KEY={demo.key} \\
-    ANTHROPIC_MODEL=claude-small ANTHROPIC_DEFAULT_HAIKU_MODEL=claude-small claude
-
+{_claude_lines(root, demo.key, serves_claude)}
 Reports, from this folder in another terminal (`python3 run.py ...` in the repository):
     gateway reconcile          # the ledger against the simulators' usage reports, this month
     gateway routes report      # escalations and cost per successful request, per route
@@ -168,7 +179,7 @@ def run_demo(args: argparse.Namespace) -> int:
     var_dir = Path(os.environ.get("GATEWAY_VAR_DIR", "var"))
     demo = prepare_demo(var_dir, ports)
     try:
-        load_policy_file(demo.files.policy)
+        policy = load_policy_file(demo.files.policy)
     except PolicyInvalid as exc:
         print(exc)
         print(f"error: fix {demo.files.policy}, or delete it to start again from {TEMPLATE.name}")
@@ -191,7 +202,7 @@ def run_demo(args: argparse.Namespace) -> int:
         server(create_app(settings), args.port),
     ]
     try:
-        asyncio.run(_serve_all(servers, _banner(args.port, demo)))
+        asyncio.run(_serve_all(servers, _banner(args.port, demo, CLAUDE_MODEL in policy.models)))
     except KeyboardInterrupt:
         pass
     return 0

@@ -88,6 +88,20 @@ def test_the_printed_anthropic_snippet_and_claude_code_line_work(tmp_path: Path)
             assert stream.get_final_message().usage.output_tokens > 0
 
 
+def test_a_kept_policy_without_claude_gets_a_note_instead_of_a_snippet_that_would_fail(tmp_path: Path) -> None:
+    var_dir = tmp_path / "var"
+    policy = var_dir / "demo" / "policy.yaml"
+    with demo(var_dir) as first:
+        assert "claude.messages.create" in first["banner"]
+    text = policy.read_text()
+    start = text.index("  claude-small:")
+    end = text.index("\n\n", start)  # the model's block ends the models section
+    policy.write_text(text[:start] + text[end + 1:])  # as a policy kept from an older demo
+    with demo(var_dir) as second:
+        assert "claude.messages.create" not in second["banner"] and "ANTHROPIC_BASE_URL" not in second["banner"]
+        assert "your policy has no `claude-small`: delete it" in second["banner"]
+
+
 def test_the_printed_admin_key_opens_the_printed_dashboard(tmp_path: Path) -> None:
     var_dir = tmp_path / "var"
     with demo(var_dir) as printed:
