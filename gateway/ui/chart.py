@@ -53,7 +53,7 @@ def spend_per_day(rows: Iterable[Mapping[str, Any]], month: Month) -> Chart:
     total = sum(daily.values(), Decimal(0))
     top = nice_ceiling(max(daily.values(), default=Decimal(0)))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" class="chart" '
-             f'aria-label="Spend per day, {escape(month.label)}: {dollars(total)} in all">',
+             f'aria-label="Spend per day, {escape(month.label)}: {escape(dollars(total))} in all">',
              f"<title>Spend per day, {escape(month.label)}</title>"]
     parts += _axis(top)
     parts += _bars(days, series, stacked, top)
@@ -104,7 +104,7 @@ def _axis(top: Decimal) -> list[str]:
         amount = step * i
         y = _y(amount, top)
         out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="axis money">{axis_label(amount, step)}</text>')
+        out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" class="axis money">{escape(axis_label(amount, step))}</text>')
     return out
 
 
@@ -130,7 +130,7 @@ def _bars(days: list[date], series: list[Series], stacked: Mapping[tuple[date, s
             y_top, y_base = _y(base + amount, top), _y(base, top)
             height = max(y_base - y_top, 0.5)  # a sliver stays visible
             out.append(f'<rect x="{x:.1f}" y="{y_base - height:.1f}" width="{width:.1f}" height="{height:.1f}" fill="{s.colour}">'
-                       f"<title>{day.isoformat()} · {escape(s.name)} · {dollars(amount)} (${amount})</title></rect>")
+                       f"<title>{day.isoformat()} · {escape(s.name)} · {escape(dollars(amount))} (${amount})</title></rect>")
             base += amount
     return out
 

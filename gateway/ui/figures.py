@@ -1,8 +1,9 @@
 """How the dashboard writes figures, and the calendar month it reports on.
 
 Money arrives as exact decimal strings (the ledger's pico-dollars, via
-accounting/money.py) and is shown to the cent, rounded half up; the exact amount stays
-in the CSV exports and in each cell's title."""
+accounting/money.py) and is shown to the cent, rounded half up - except an amount under
+half a cent that is not zero, shown as under a cent: spend that rounds to `$0.00` would
+read as none at all. The exact amount stays in the CSV exports and in each cell's title."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ SECONDS_PER_DAY = 86_400
 
 
 def dollars(amount: Decimal) -> str:
-    """`$1,234.57`: to the cent, half up; negative amounts as `-$0.42`."""
+    """`$1,234.57`: to the cent, half up; negative amounts as `-$0.42`; a non-zero
+    amount that would round to nothing as `<$0.01` (or `-<$0.01`)."""
     cents = amount.quantize(CENT, rounding=ROUND_HALF_UP)
-    sign = "-" if cents < 0 else ""
+    sign = "-" if amount < 0 else ""
+    if cents == 0 and amount != 0:
+        return f"{sign}<${CENT}"
     return f"{sign}${abs(cents):,.2f}"
 
 

@@ -65,7 +65,9 @@ def ledger_spend(stack: Stack, month: Month) -> dict[str, Decimal]:
 
 
 def cents(amount: Decimal) -> str:
-    return f"${amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,.2f}"
+    """As finance reads it: to the cent, and spend under half a cent as under a cent."""
+    rounded = amount.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    return "<$0.01" if rounded == 0 and amount > 0 else f"${rounded:,.2f}"
 
 
 def test_finance_signs_in_reads_spend_to_the_cent_and_downloads_the_csv(browser: Any, stack: Stack) -> None:

@@ -11,8 +11,9 @@ from gateway.ui.figures import Burn, Month, count, dollars, percent
 
 
 @pytest.mark.parametrize(("amount", "shown"), [
-    ("0", "$0.00"), ("0.004999", "$0.00"), ("0.005", "$0.01"), ("1234.565", "$1,234.57"), ("-0.425", "-$0.43"),
-    ("0.0000000000001", "$0.00"), ("9999999.995", "$10,000,000.00"),
+    ("0", "$0.00"), ("0.005", "$0.01"), ("1234.565", "$1,234.57"), ("-0.425", "-$0.43"), ("9999999.995", "$10,000,000.00"),
+    # Spend that rounds to nothing is still spend: not shown as $0.00.
+    ("0.004999", "<$0.01"), ("0.0000000000001", "<$0.01"), ("-0.000001", "-<$0.01"),
 ])
 def test_dollars_to_the_cent_half_up(amount: str, shown: str) -> None:
     assert dollars(Decimal(amount)) == shown

@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from html import escape
 from pathlib import Path
 
 from gateway.accounting.pool_costs import pool_cost_report
 from gateway.ui import pages
-from gateway.ui.figures import Month
+from gateway.ui.figures import Month, dollars
 from gateway.ui.render import Pages
 from tests.unit.accounting.test_pool_costs import book, catalog, ledger, policy
 
@@ -42,8 +43,8 @@ def test_the_page_splits_the_pools_cost_to_tenants_and_idle(tmp_path: Path) -> N
     for tenant in ("acme", "globex"):
         cells = _cells(section, tenant)
         assert cells[0] == str(shares[tenant]["requests"])
-        assert cells[2] == f"${Decimal(shares[tenant]['share_usd']):,.2f}"
-    assert _cells(section, "idle")[0] == f"${Decimal(expected['idle_usd']):,.2f}"
+        assert cells[2] == escape(dollars(Decimal(shares[tenant]["share_usd"])))
+    assert _cells(section, "idle")[0] == escape(dollars(Decimal(expected["idle_usd"])))
     assert sum(Decimal(t["share_usd"]) for t in expected["tenants"]) + Decimal(expected["idle_usd"]) == cost
 
 
