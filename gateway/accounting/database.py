@@ -124,6 +124,11 @@ def _v5_stored_responses(conn: Connection) -> None:
     metadata.create_all(conn, tables=[responses])  # with its index; checks first, as every step must
 
 
+def _v6_hour_cache_writes(conn: Connection) -> None:
+    if "cache_write_1h_tokens" not in {c["name"] for c in inspect(conn).get_columns("usage_events")}:
+        conn.exec_driver_sql("ALTER TABLE usage_events ADD COLUMN cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0")
+
+
 def _declared_indexes() -> list[Index]:
     return [*reservations.indexes, *usage_events.indexes]
 
@@ -136,6 +141,7 @@ MIGRATIONS: list[tuple[int, Callable[[Connection], None]]] = [
     (3, _v3_lean_indexes),
     (4, _v4_estimated_usage),
     (5, _v5_stored_responses),
+    (6, _v6_hour_cache_writes),
 ]
 
 

@@ -108,7 +108,7 @@ def reconciliation_to_csv(report: Mapping[str, Any]) -> str:
 
 def _describe(reason: Mapping[str, Any]) -> str:
     amounts = Amounts(reason["requests"], reason["input_tokens"], reason["cached_tokens"], reason["output_tokens"],
-                      reason["cost_pico"])
+                      reason["cost_pico"], reason.get("cache_write_tokens", 0), reason.get("cache_write_1h_tokens", 0))
     return Explanation(reason["reason"], amounts).describe()
 
 

@@ -344,7 +344,7 @@ class Accounting:
             "task_id": ctx.task_id, "kind": "cache_hit", "endpoint": ctx.endpoint, "model": answer.model,
             "upstream_model": target.upstream_model, "upstream": answer.upstream, "route": ctx.route, "status": "ok",
             "http_status": 200, "usage_known": True, "prompt_tokens_est": ctx.prompt.best, "prompt_tokens": 0,
-            "cached_tokens": 0, "cache_write_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cost_pico": 0,
+            "cached_tokens": 0, "cache_write_tokens": 0, "cache_write_1h_tokens": 0, "completion_tokens": 0, "reasoning_tokens": 0, "cost_pico": 0,
             "saved_pico": saved, "price_source": "response cache", "created_at": now, "day": now.date().isoformat(),
             "timeline": orjson.dumps(ctx.timeline.as_offsets_ms()).decode(),
         }], now)
@@ -390,6 +390,7 @@ def _event(ctx: RequestContext, attempt: Attempt, number: int, hold: Hold | None
         "estimated": attempt.usage is None and attempt.estimated is not None,
         "prompt_tokens_est": ctx.prompt.best, "prompt_tokens": usage.prompt_tokens,
         "cached_tokens": usage.cached_tokens, "cache_write_tokens": usage.cache_write_tokens,
+        "cache_write_1h_tokens": usage.cache_write_1h_tokens,
         "completion_tokens": usage.completion_tokens, "reasoning_tokens": usage.reasoning_tokens,
         "cost_pico": cost, "saved_pico": saved, "price_source": quote.source[:200], "created_at": at,
         "day": at.date().isoformat(), "timeline": orjson.dumps(attempt.timeline.as_offsets_ms(ctx.timeline.enqueue)).decode(),

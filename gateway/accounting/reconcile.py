@@ -86,7 +86,8 @@ class ProviderUsage:
 
     Tokens follow OpenAI's convention: `input_tokens` includes cached and cache-write
     tokens. A field a source does not report is None (Anthropic's usage report has no
-    request count; a vLLM scrape has no cached tokens and no cost) and is not compared.
+    request count; a vLLM scrape has no cached tokens and no cost; only Anthropic's
+    reports name cache writes, and of them the 1-hour ones) and is not compared.
     """
 
     day: date
@@ -98,6 +99,8 @@ class ProviderUsage:
     requests: int | None
     cost_pico: int | None
     source: str
+    cache_write_tokens: int | None = None  # every cache write, the 1-hour ones included
+    cache_write_1h_tokens: int | None = None
 
     @property
     def group(self) -> Group:
@@ -121,6 +124,8 @@ def merge_rows(rows: Iterable[ProviderUsage]) -> list[ProviderUsage]:
             output_tokens=seen.output_tokens + row.output_tokens,
             requests=_add(seen.requests, row.requests),
             cost_pico=_add(seen.cost_pico, row.cost_pico),
+            cache_write_tokens=_add(seen.cache_write_tokens, row.cache_write_tokens),
+            cache_write_1h_tokens=_add(seen.cache_write_1h_tokens, row.cache_write_1h_tokens),
         )
     return sorted(merged.values(), key=lambda r: (r.day, r.model, r.key_id or ""))
 
@@ -176,7 +181,8 @@ def aggregate_ledger(engine: Engine, upstream: str, window: Window, key_id: str 
     dims = (e.c.day, e.c.upstream_model, e.c.status, e.c.usage_known, h.c.state, is_multi, is_covered)
     query = (
         select(*dims, func.count(), func.sum(e.c.prompt_tokens), func.sum(e.c.cached_tokens),
-               func.sum(e.c.completion_tokens), func.sum(e.c.cost_pico))
+               func.sum(e.c.completion_tokens), func.sum(e.c.cost_pico), func.sum(e.c.cache_write_tokens),
+               func.sum(e.c.cache_write_1h_tokens))
         .select_from(e.outerjoin(h, h.c.id == e.c.reservation_id)
                      .outerjoin(multi, multi.c.request_id == e.c.request_id)
                      .outerjoin(covered, covered.c.reservation_id == e.c.reservation_id))
@@ -185,12 +191,13 @@ def aggregate_ledger(engine: Engine, upstream: str, window: Window, key_id: str 
     )
     groups: dict[Group, LedgerGroup] = {}
     with engine.connect() as conn:
-        for day, model, status, known, hold, retried, covers, n, prompt, cached, completion, cost in conn.execute(query):
+        for day, model, status, known, hold, retried, covers, n, prompt, cached, completion, cost, writes, hour_writes in conn.execute(query):
             group = groups.setdefault((window.day_of(date.fromisoformat(day)), model, key_id), LedgerGroup())
             category = _category(status, bool(known), hold, bool(retried))
             group.attempts[category] += n
             if category == "booked":
-                group.usage += Amounts(n, int(prompt or 0), int(cached or 0), int(completion or 0), 0)
+                group.usage += Amounts(n, int(prompt or 0), int(cached or 0), int(completion or 0), 0,
+                                       int(writes or 0), int(hour_writes or 0))
             group.usage += Amounts(cost_pico=int(cost or 0))
             if category == UNCONFIRMED:
                 group.unconfirmed_cost_pico += int(cost or 0)
@@ -284,7 +291,9 @@ def _compare(group: Group, ledger: LedgerGroup | None, provider: ProviderUsage |
         # What a source does not report is taken as equal to the ledger: not compared.
         cached = booked.cached_tokens if provider.cached_tokens is None else provider.cached_tokens
         requests = booked.requests if provider.requests is None else provider.requests
-        billed = Amounts(requests, provider.input_tokens, cached, provider.output_tokens, 0)
+        writes = booked.cache_write_tokens if provider.cache_write_tokens is None else provider.cache_write_tokens
+        hour_writes = booked.cache_write_1h_tokens if provider.cache_write_1h_tokens is None else provider.cache_write_1h_tokens
+        billed = Amounts(requests, provider.input_tokens, cached, provider.output_tokens, 0, writes, hour_writes)
         not_reported = [name for name, value in (("cached_tokens", provider.cached_tokens), ("requests", provider.requests),
                                                  ("cost", provider.cost_pico)) if value is None]
         if provider.cost_pico is None:

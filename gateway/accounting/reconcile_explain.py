@@ -30,6 +30,9 @@ class Amounts:
     cached_tokens: int = 0
     output_tokens: int = 0
     cost_pico: int = 0
+    # Of the input, the cache writes, and of those the 1-hour ones (Anthropic): each has its price.
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
     def __add__(self, other: Amounts) -> Amounts:
         return Amounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
@@ -38,7 +41,8 @@ class Amounts:
         return Amounts(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
 
     def counts_match(self) -> bool:
-        return self.requests == self.input_tokens == self.cached_tokens == self.output_tokens == 0
+        return (self.requests == self.input_tokens == self.cached_tokens == self.output_tokens
+                == self.cache_write_tokens == self.cache_write_1h_tokens == 0)
 
     def as_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cost_usd": usd(self.cost_pico)}
@@ -54,8 +58,10 @@ class Explanation:
 
     def describe(self) -> str:
         a = self.amounts
+        of_input = ", ".join(p for p in (f"{a.cached_tokens:+d} cached" if a.cached_tokens else "",
+                                         f"{a.cache_write_tokens:+d} cache writes" if a.cache_write_tokens else "") if p)
         parts = [f"{a.requests:+d} requests" if a.requests else "",
-                 f"{a.input_tokens:+d} input" + (f" ({a.cached_tokens:+d} cached)" if a.cached_tokens else "") if a.input_tokens or a.cached_tokens else "",
+                 f"{a.input_tokens:+d} input" + (f" ({of_input})" if of_input else "") if a.input_tokens or of_input else "",
                  f"{a.output_tokens:+d} output tokens" if a.output_tokens else "",
                  signed_usd(a.cost_pico)]
         return f"{self.reason}: " + ", ".join(p for p in parts if p)
@@ -102,7 +108,7 @@ def explain(diff: Amounts, ledger: LedgerGroup | None, at_provider: bool, quote:
         add(MISSING_AT_PROVIDER, Amounts(requests=diff.requests))
     for reason, n in shares:
         add(reason, Amounts(requests=n))
-    for name in ("input_tokens", "cached_tokens", "output_tokens"):
+    for name in ("input_tokens", "cached_tokens", "output_tokens", "cache_write_tokens", "cache_write_1h_tokens"):
         value = getattr(diff, name)
         if value > 0 and shares:
             for (reason, _), part in zip(shares, _split(value, [n for _, n in shares]), strict=True):
@@ -151,10 +157,14 @@ def _split(total: int, weights: list[int]) -> list[int]:
 
 
 def cost_at(quote: PriceQuote, amounts: Amounts) -> int:
-    """Signed cost of a token difference at `quote` (OpenAI semantics: input includes cached)."""
-    exact = (Fraction(amounts.input_tokens - amounts.cached_tokens) * Fraction(quote.input)
-             + Fraction(amounts.cached_tokens) * Fraction(quote.cached_input)
-             + Fraction(amounts.output_tokens) * Fraction(quote.output)) * PICO_PER_TOKEN_AT_ONE_USD
+    """Signed cost of a token difference at `quote` (OpenAI semantics: input includes
+    cached and cache-write tokens; of the writes, the 1-hour ones at their own rate)."""
+    a = amounts
+    exact = (Fraction(a.input_tokens - a.cached_tokens - a.cache_write_tokens) * Fraction(quote.input)
+             + Fraction(a.cached_tokens) * Fraction(quote.cached_input)
+             + Fraction(a.cache_write_tokens - a.cache_write_1h_tokens) * Fraction(quote.cache_write)
+             + Fraction(a.cache_write_1h_tokens) * Fraction(quote.write_1h)
+             + Fraction(a.output_tokens) * Fraction(quote.output)) * PICO_PER_TOKEN_AT_ONE_USD
     return round(exact)
 
 

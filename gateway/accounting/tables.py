@@ -167,6 +167,8 @@ usage_events = Table(
     # Added in schema v4: the provider never reported this attempt's usage; its tokens and
     # cost are the gateway's estimate (prompt plus relayed output), which reconciliation corrects.
     flag("estimated", default=False, server_default=false()),  # a server default: older replicas leave it out
+    # Added in schema v6: of the cache writes, those kept an hour (Anthropic), which cost more.
+    count("cache_write_1h_tokens", default=0, server_default=text("0")),
     Index("ix_usage_day_tenant_model", "day", "tenant", "model"),
     Index("ix_usage_events_task", "task_id", sqlite_where=WITH_TASK),  # a task's calls
 )

@@ -7,6 +7,7 @@ headers) reaches the client."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -108,7 +109,8 @@ def test_one_hour_cache_writes_are_billed_at_their_own_rate(claude: ClaudeStack)
     system: Any = [{"type": "text", "text": "An hour-long policy. " + LONG_POLICY, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     ask: dict[str, Any] = {"model": "claude-small", "max_tokens": 16, "system": system,
                            "messages": [{"role": "user", "content": "Is invoice 3 overdue?"}]}
-    raw = client.messages.with_raw_response.create(**ask)
+    # In a task, so that its books are committed before it is answered (read below).
+    raw = client.messages.with_raw_response.create(**ask, extra_headers={"x-task-id": claude.open_task()})
     written = claude.sim.state.usage.records[-1]
     assert raw.parse().usage.cache_creation is not None
     assert raw.parse().usage.cache_creation.ephemeral_1h_input_tokens == written.cache_write_1h > 1024
@@ -118,6 +120,10 @@ def test_one_hour_cache_writes_are_billed_at_their_own_rate(claude: ClaudeStack)
     expected = (written.uncached_input * PRICE["input"] + written.cache_write_1h * hour_rate
                 + written.output * PRICE["output"]) / 1_000_000
     assert Decimal(raw.headers["x-gateway-cost-usd"]) == expected == formula(written)
+    with sqlite3.connect(claude.stack.var_dir / "ledger.db") as ledger:  # the ledger keeps the 1-hour share apart
+        row = ledger.execute("SELECT cache_write_tokens, cache_write_1h_tokens FROM usage_events WHERE request_id = ?",
+                             (raw.headers["x-request-id"],)).fetchone()
+    assert row == (written.cache_write_1h, written.cache_write_1h)
     task_id = claude.open_task()  # streamed, a read of what the first call wrote
     with client.messages.stream(**ask, extra_headers={"x-task-id": task_id}) as stream:
         stream.until_done()

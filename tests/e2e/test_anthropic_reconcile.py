@@ -36,14 +36,14 @@ ADMIN_KEY = "sk-ant-admin01-reports-9c2b"
 KEY_ID = api_key_id(UPSTREAM_KEY)  # how the simulator's reports name the gateway's key
 MODEL = "claude-haiku-4-5"
 # The simulator's price for claude-haiku-4-5 (USD per 1M tokens): the gateway books at the same.
-PRICE = {"input": Decimal("1.00"), "cached_input": Decimal("0.10"), "cache_write": Decimal("1.25"), "output": Decimal("5.00")}
+PRICE = {"input": Decimal("1.00"), "cached_input": Decimal("0.10"), "cache_write": Decimal("1.25"), "cache_write_1h": Decimal("2.00"),
+         "output": Decimal("5.00")}
 TERMS = "Invoices are due thirty days after issue; overdue ones accrue interest monthly. " * 120
 INJECTED = {"model": MODEL, "api_key_id": KEY_ID, "uncached_input_tokens": 1000, "cache_read_input_tokens": 3000,
-            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}, "output_tokens": 250}
-# 1000 x 1.00 + 3000 x 0.10 + 250 x 5.00 = 2550 micro-dollars. (No cache writes: the
-# explanation prices a token difference without them, so their premium would show as
-# price drift - see the README.)
-INJECTED_PICO = 2_550_000_000
+            "cache_creation": {"ephemeral_5m_input_tokens": 400, "ephemeral_1h_input_tokens": 200}, "output_tokens": 250}
+# 1000 x 1.00 + 3000 x 0.10 + 400 x 1.25 + 200 x 2.00 (the 1-hour rate) + 250 x 5.00
+# = 3450 micro-dollars: the cache writes at their own rates, so no price drift is left.
+INJECTED_PICO = 3_450_000_000
 
 
 @dataclass
@@ -145,7 +145,8 @@ def test_the_admin_api_reports_match_the_ledger_then_show_a_call_the_gateway_nev
     report = admin_report(claude)
     [row] = report["rows"]
     [reason] = row["reasons"]
-    expected = {"input_tokens": 4000, "cached_tokens": 3000, "output_tokens": 250, "cost_pico": INJECTED_PICO}
+    expected = {"input_tokens": 4600, "cached_tokens": 3000, "cache_write_tokens": 600, "cache_write_1h_tokens": 200,
+                "output_tokens": 250, "cost_pico": INJECTED_PICO}
     assert reason["reason"] == MISSING_AT_GATEWAY
     assert {k: reason[k] for k in expected} == {k: row["difference"][k] for k in expected} == expected
     assert report["totals"]["difference"]["cost_pico"] == INJECTED_PICO

@@ -118,7 +118,8 @@ def result_row(day: date, result: Any, source: str) -> ProviderUsage:
     if not isinstance(creation, dict):
         raise ImportFailed(f"{source}: `cache_creation` for {model} on {day} is not an object")
     cache_read = token_count(result, "cache_read_input_tokens", source)
-    cache_write = sum(token_count(creation, name, source) for name in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"))
+    hour_writes = token_count(creation, "ephemeral_1h_input_tokens", source)
+    cache_write = token_count(creation, "ephemeral_5m_input_tokens", source) + hour_writes
     key = result.get("api_key_id")
     return ProviderUsage(
         day=day,
@@ -130,6 +131,8 @@ def result_row(day: date, result: Any, source: str) -> ProviderUsage:
         requests=None,
         cost_pico=None,
         source=source,
+        cache_write_tokens=cache_write,
+        cache_write_1h_tokens=hour_writes,
     )
 
 

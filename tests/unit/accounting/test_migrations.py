@@ -24,6 +24,7 @@ def test_v1_ledger_upgrades_in_place_and_keeps_its_rows(tmp_path: Path) -> None:
         conn.exec_driver_sql("ALTER TABLE usage_events DROP COLUMN checks")
         conn.exec_driver_sql("ALTER TABLE usage_events DROP COLUMN escalation")
         conn.exec_driver_sql("ALTER TABLE usage_events DROP COLUMN estimated")
+        conn.exec_driver_sql("ALTER TABLE usage_events DROP COLUMN cache_write_1h_tokens")
         conn.exec_driver_sql("ALTER TABLE reservations DROP COLUMN max_output_tokens")
         conn.exec_driver_sql("DELETE FROM schema_version WHERE version > 1")
         conn.execute(text(
@@ -34,10 +35,11 @@ def test_v1_ledger_upgrades_in_place_and_keeps_its_rows(tmp_path: Path) -> None:
     assert migrate(engine) == max(v for v, _ in MIGRATIONS)
     assert migrate(engine) == max(v for v, _ in MIGRATIONS)  # idempotent
     columns = {c["name"] for c in inspect(engine).get_columns("usage_events")}
-    assert {"checks", "escalation", "estimated"} <= columns
+    assert {"checks", "escalation", "estimated", "cache_write_1h_tokens"} <= columns
     assert "max_output_tokens" in {c["name"] for c in inspect(engine).get_columns("reservations")}
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT cost_pico, estimated FROM usage_events WHERE request_id = 'req_old'")).one() == (123456, 0)
+        old = conn.execute(text("SELECT cost_pico, estimated, cache_write_1h_tokens FROM usage_events WHERE request_id = 'req_old'"))
+        assert old.one() == (123456, 0, 0)
         versions = [r[0] for r in conn.execute(text("SELECT version FROM schema_version ORDER BY version"))]
     assert versions == [v for v, _ in MIGRATIONS]
     engine.dispose()

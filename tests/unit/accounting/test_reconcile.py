@@ -305,7 +305,8 @@ def test_the_report_reads_as_a_table_and_as_json(ledger: Ledger) -> None:
     assert data["totals"][CANCELLED]["requests"] == 1 and data["totals"][MISSING_AT_GATEWAY]["requests"] == 1
     mini = next(row for row in data["rows"] if row["model"] == "gpt-4o-mini")
     assert mini["reasons"] == [{"reason": CANCELLED, "requests": 1, "input_tokens": 50, "cached_tokens": 0, "output_tokens": 10,
-                                "cost_pico": 13_500_000, "cost_usd": "0.0000135"}]
+                                "cost_pico": 13_500_000, "cache_write_tokens": 0, "cache_write_1h_tokens": 0,
+                                "cost_usd": "0.0000135"}]
 
 
 # --- importers ------------------------------------------------------------------
