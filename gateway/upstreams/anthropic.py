@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import orjson
 
@@ -27,6 +28,7 @@ from gateway.upstreams.translated_stream import TranslatedStream
 
 ANTHROPIC_VERSION = "2023-06-01"
 MESSAGES_PATH = "/v1/messages"
+Answer = TypeVar("Answer", UpstreamReply, UpstreamStream)
 # The gateway's own paths for the Messages API, passed through untranslated.
 NATIVE_PATHS = ("/messages", "/messages/count_tokens")
 
@@ -44,42 +46,33 @@ class AnthropicUpstream(HttpUpstream):
                    headers: Mapping[str, str] | None = None) -> UpstreamReply:
         if path in NATIVE_PATHS:
             return _with_request_id(await super().send("/v1" + path, body, timeout_s, headers=headers))
-        if path != "/chat/completions":
-            raise InvalidRequest(f"upstream `{self.name}` (kind: anthropic) serves chat completions only")
-        request = orjson.loads(body)
-        payload = orjson.dumps(chat_to_messages(request, str(request.get("model"))))
+        _, payload = self._as_messages(path, body)
         reply = await super().send(MESSAGES_PATH, payload, timeout_s)
         if reply.status != 200:
             return UpstreamReply(reply.status, reply.headers, error_to_openai(reply.status, reply.body), reply.replica)
-        try:
-            message = orjson.loads(reply.body)
-        except orjson.JSONDecodeError:
-            return reply  # the pipeline reports a malformed answer
-        if not isinstance(message, dict):
-            return reply
-        # The provider's request id, for the ledger and reconciliation.
-        headers = {**reply.headers, "x-request-id": reply.headers.get("request-id", "")}
-        return UpstreamReply(200, headers, orjson.dumps(message_to_chat(message, int(time.time()))), reply.replica)
+        # With the provider's request id, for the ledger and reconciliation.
+        return _with_request_id(reply).translated(lambda message: message_to_chat(message, int(time.time())))
 
     async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None, *,
                           headers: Mapping[str, str] | None = None) -> UpstreamStream:
         if path in NATIVE_PATHS:
-            stream = await super().open_stream("/v1" + path, body, timeout_s, headers=headers)
-            stream.headers.setdefault("x-request-id", stream.headers.get("request-id", ""))
-            return stream
-        if path != "/chat/completions":
-            raise InvalidRequest(f"upstream `{self.name}` (kind: anthropic) serves chat completions only")
-        request = orjson.loads(body)
-        payload = orjson.dumps(chat_to_messages(request, str(request.get("model"))))
-        stream = await super().open_stream(MESSAGES_PATH, payload, timeout_s)
-        stream.headers.setdefault("x-request-id", stream.headers.get("request-id", ""))
+            return _with_request_id(await super().open_stream("/v1" + path, body, timeout_s, headers=headers))
+        request, payload = self._as_messages(path, body)
+        stream = _with_request_id(await super().open_stream(MESSAGES_PATH, payload, timeout_s))
         options = request.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         return TranslatedStream(stream, AnthropicToChatChunks(int(time.time()), include_usage),
                                 error_body=lambda raw: error_to_openai(stream.status, raw))
 
+    def _as_messages(self, path: str, body: bytes) -> tuple[dict[str, Any], bytes]:
+        """A chat completions request (parsed) and its Messages API body."""
+        if path != "/chat/completions":
+            raise InvalidRequest(f"upstream `{self.name}` (kind: anthropic) serves chat completions only")
+        request = orjson.loads(body)
+        return request, orjson.dumps(chat_to_messages(request, str(request.get("model"))))
 
-def _with_request_id(reply: UpstreamReply) -> UpstreamReply:
+
+def _with_request_id(answer: Answer) -> Answer:
     """Anthropic names its request id `request-id`; the ledger reads `x-request-id`."""
-    reply.headers.setdefault("x-request-id", reply.headers.get("request-id", ""))
-    return reply
+    answer.headers.setdefault("x-request-id", answer.headers.get("request-id", ""))
+    return answer

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+import orjson
 
 
 class StreamBroken(Exception):
@@ -35,6 +37,18 @@ class UpstreamReply:
     headers: dict[str, str]
     body: bytes
     replica: str
+
+    def translated(self, translate: Callable[[dict[str, Any]], dict[str, Any]]) -> UpstreamReply:
+        """This 200 answer in another dialect: its JSON object through `translate`. An
+        answer that is not a JSON object comes back as it came, for the pipeline to
+        report as malformed."""
+        try:
+            answer = orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            return self
+        if not isinstance(answer, dict):
+            return self
+        return UpstreamReply(self.status, self.headers, orjson.dumps(translate(answer)), self.replica)
 
 
 class UpstreamStream(Protocol):

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import orjson
-
 from gateway.upstreams.base import PoolRequest, Upstream, UpstreamReply
 from gateway.upstreams.chat_stream_to_messages import ChatToMessagesEvents
 from gateway.upstreams.messages_to_chat import chat_to_message
@@ -26,15 +24,7 @@ class MessagesOverChat:
 
     async def send(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> UpstreamReply:
         reply = await self.upstream.send(CHAT_PATH, body, timeout_s, pool)
-        if reply.status != 200:
-            return reply
-        try:
-            completion = orjson.loads(reply.body)
-        except orjson.JSONDecodeError:
-            return reply  # the pipeline reports a malformed answer
-        if not isinstance(completion, dict):
-            return reply
-        return UpstreamReply(200, reply.headers, orjson.dumps(chat_to_message(completion)), reply.replica)
+        return reply.translated(chat_to_message) if reply.status == 200 else reply
 
     async def open_stream(self, path: str, body: bytes, timeout_s: float, pool: PoolRequest | None = None) -> TranslatedStream:
         stream = await self.upstream.open_stream(CHAT_PATH, body, timeout_s, pool)
