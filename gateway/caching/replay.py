@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from gateway.upstreams.sse import data_event
+
 DONE_EVENT = b"data: [DONE]\n\n"
 _HEADER_FIELDS = ("id", "created", "model", "system_fingerprint", "service_tier")
 _CHOICE_FIELDS = frozenset({"index", "delta", "message", "text", "logprobs", "finish_reason"})
@@ -215,7 +217,7 @@ def stream_from_completion(body: dict[str, Any], include_usage: bool) -> list[by
     usage = body.get("usage")
     if include_usage and usage is not None:
         chunks.append({**header, "choices": [], "usage": usage})
-    return [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks] + [DONE_EVENT]
+    return [data_event(chunk) for chunk in chunks] + [DONE_EVENT]
 
 
 def _with_object(header: dict[str, Any], name: str) -> dict[str, Any]:

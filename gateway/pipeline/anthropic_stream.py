@@ -14,7 +14,7 @@ import orjson
 
 from gateway.upstreams.anthropic_translate import usage_to_openai
 from gateway.upstreams.redaction import redact
-from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, EventBuffer, event_data
+from gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, EventBuffer, event_data, named_event
 
 # Only these events carry what the books need; deltas and pings pass as bytes.
 WATCHED = (b"message_start", b"message_delta", b"message_stop", b"error")
@@ -74,4 +74,4 @@ class AnthropicEventRelay:
 def error_event(message: str, kind: str = "api_error") -> bytes:
     """An `error` event as Anthropic sends one mid-stream: the anthropic SDK raises on
     it, so a cut stream is noticed instead of looking like a short answer."""
-    return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": {"type": kind, "message": message}}) + b"\n\n"
+    return named_event("error", {"type": "error", "error": {"type": kind, "message": message}})

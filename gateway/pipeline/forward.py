@@ -20,7 +20,7 @@ from gateway.routing.resolved import ModelTarget
 from gateway.telemetry.timeline import Timeline
 from gateway.types.usage import Usage
 from gateway.upstreams.base import PoolRequest, StreamBroken, Upstream, UpstreamStream
-from gateway.upstreams.sse import SseRelay
+from gateway.upstreams.sse import SseRelay, data_event
 from gateway.upstreams.translate import error_from_reply, limit_headers
 
 T = TypeVar("T")
@@ -132,7 +132,7 @@ async def _read_bounded(stream: UpstreamStream) -> bytes:
 def openai_error_event(message: str, code: str) -> bytes:
     # The openai SDK raises APIError on an event carrying `error`, so a cut stream is
     # noticed by the client instead of looking like a short answer.
-    return b"data: " + orjson.dumps({"error": {"message": message, "type": "upstream_error", "param": None, "code": code}}) + b"\n\n"
+    return data_event({"error": {"message": message, "type": "upstream_error", "param": None, "code": code}})
 
 
 def _anthropic_error_event(message: str, code: str) -> bytes:

@@ -17,6 +17,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.pipeline.responses_translate import function_call_item, message_item, new_id, response_object, usage_of
+from gateway.upstreams.sse import named_event
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ class ResponseStreamTranslator:
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+        return named_event(kind, payload)
 
     def _snapshot(self, status: str | None, output: list[dict[str, Any]]) -> dict[str, Any]:
         response = response_object(self.response_id, self.body, model=self.model, output=output, finish_reason=self.finish_reason,

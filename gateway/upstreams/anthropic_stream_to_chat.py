@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from gateway.upstreams.anthropic_translate import STOP_TO_FINISH, usage_to_openai
-from gateway.upstreams.sse import event_data
+from gateway.upstreams.sse import data_event, event_data
 
 DONE = b"data: [DONE]\n\n"
 
@@ -34,9 +32,11 @@ class AnthropicToChatChunks:
         return b"".join(self._event(payload) for raw in events.split(b"\n\n") if raw and (payload := event_data(raw)) is not None)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        return self._event_of([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+
+    def _event_of(self, choices: list[dict[str, Any]], **more: Any) -> bytes:
+        return data_event({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                           "choices": choices, **more})
 
     def _event(self, payload: dict[str, Any]) -> bytes:
         kind = payload.get("type")
@@ -61,7 +61,7 @@ class AnthropicToChatChunks:
             error = payload.get("error") or {}
             body = {"error": {"message": str(error.get("message", "")), "type": str(error.get("type", "api_error")),
                               "param": None, "code": None}}
-            return b"data: " + orjson.dumps(body) + b"\n\n"
+            return data_event(body)
         return b""  # ping, content_block_stop
 
     def _block_start(self, index: int, block: dict[str, Any]) -> bytes:
@@ -83,6 +83,4 @@ class AnthropicToChatChunks:
     def _usage_chunk(self) -> bytes:
         if not self.include_usage:
             return b""
-        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "choices": [], "usage": usage_to_openai(self.usage)}
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        return self._event_of([], usage=usage_to_openai(self.usage))

@@ -13,15 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from gateway.upstreams.messages_to_chat import stop_reason, usage_to_anthropic
+from gateway.upstreams.sse import event_data, named_event
 
 EMPTY_USAGE = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0}
-
-
-def event(name: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 class ChatToMessagesEvents:
@@ -39,25 +34,17 @@ class ChatToMessagesEvents:
     def feed(self, events: bytes) -> bytes:
         out: list[bytes] = []
         for raw in events.split(b"\n\n"):
-            for line in raw.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    out.append(self._end())
-                else:
-                    try:
-                        chunk = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        continue
-                    if isinstance(chunk, dict):
-                        out.append(self._chunk(chunk))
+            chunk = event_data(raw)
+            if chunk is not None:
+                out.append(self._chunk(chunk))
+            elif raw.strip().removeprefix(b"data:").strip() == b"[DONE]":
+                out.append(self._end())
         return b"".join(out)
 
     def _chunk(self, chunk: dict[str, Any]) -> bytes:
         if isinstance(chunk.get("error"), dict):
             error = chunk["error"]
-            return event("error", {"type": "error", "error": {"type": "api_error", "message": str(error.get("message", ""))}})
+            return named_event("error", {"type": "error", "error": {"type": "api_error", "message": str(error.get("message", ""))}})
         out = [self._start(chunk)] if not self.started else []
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
@@ -76,27 +63,27 @@ class ChatToMessagesEvents:
         message: dict[str, Any] = {"id": "msg_" + str(chunk.get("id", "")).removeprefix("chatcmpl-"), "type": "message", "role": "assistant",
                    "model": chunk.get("model"), "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": dict(EMPTY_USAGE)}
-        return event("message_start", {"type": "message_start", "message": message})
+        return named_event("message_start", {"type": "message_start", "message": message})
 
     def _open(self, kind: str, block: dict[str, Any]) -> bytes:
         out = self._close()
         self.index += 1
         self.open_kind = kind
-        out += event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
+        out += named_event("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
         if self.index == 0:
-            out += event("ping", {"type": "ping"})
+            out += named_event("ping", {"type": "ping"})
         return out
 
     def _close(self) -> bytes:
         if self.open_kind is None:
             return b""
         self.open_kind = None
-        return event("content_block_stop", {"type": "content_block_stop", "index": self.index})
+        return named_event("content_block_stop", {"type": "content_block_stop", "index": self.index})
 
     def _text(self, text: str) -> bytes:
         out = self._open("text", {"type": "text", "text": ""}) if self.open_kind != "text" else b""
         delta = {"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": text}}
-        return out + event("content_block_delta", delta)
+        return out + named_event("content_block_delta", delta)
 
     def _tool_call(self, call: dict[str, Any]) -> bytes:
         position = int(call.get("index") or 0)
@@ -110,7 +97,7 @@ class ChatToMessagesEvents:
         if arguments:
             delta = {"type": "content_block_delta", "index": self.calls[position],
                      "delta": {"type": "input_json_delta", "partial_json": str(arguments)}}
-            out += event("content_block_delta", delta)
+            out += named_event("content_block_delta", delta)
         return out
 
     def _end(self) -> bytes:
@@ -120,4 +107,4 @@ class ChatToMessagesEvents:
         usage = usage_to_anthropic(self.usage)
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(self.finish_reason), "stop_sequence": None},
                  "usage": usage}
-        return self._close() + event("message_delta", delta) + event("message_stop", {"type": "message_stop"})
+        return self._close() + named_event("message_delta", delta) + named_event("message_stop", {"type": "message_stop"})

@@ -100,7 +100,7 @@ class SseRelay:
             error = payload["error"] if isinstance(payload["error"], dict) else {"message": str(payload["error"])}
             error["message"] = redact(str(error.get("message", "")), self.secrets)
             self.error = payload["error"] = error
-            return b"data: " + orjson.dumps(payload) + b"\n\n"
+            return data_event(payload)
         self.model = payload.get("model") or self.model
         for choice in payload.get("choices") or ():
             if isinstance(choice, dict) and choice.get("finish_reason"):
@@ -114,6 +114,16 @@ class SseRelay:
 
     def leftover(self) -> bytes:
         return self._events.leftover()
+
+
+def data_event(payload: Any) -> bytes:
+    """A server-sent event carrying `payload` as JSON, unnamed (as OpenAI sends them)."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def named_event(name: str, payload: Any) -> bytes:
+    """A named server-sent event carrying `payload` as JSON (Anthropic's, the Responses API's)."""
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def event_data(event: bytes) -> dict[str, Any] | None:
