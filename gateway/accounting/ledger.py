@@ -154,13 +154,6 @@ class Ledger:
             # Nothing was sent upstream yet, so nothing is lost: say so, and let the client retry.
             raise NotReady(f"the ledger database is unreachable, so the budget cannot be held: {type(exc.__cause__ or exc).__name__}") from exc
 
-    def reserve_soon(self, request: HoldRequest, claims: list[BudgetClaim]) -> asyncio.Future[Hold]:
-        """`reserve`, queued at once with no task of its own, for a hold nobody waits on
-        yet: the future resolves with the hold, or fails with the writer's WriteRefused
-        (the budget refused it) or LedgerUnavailable."""
-        op, isolated, one = self._hold(request, claims)
-        return self.writer.submit(op, isolated=isolated, staged=one)
-
     def _hold(self, request: HoldRequest, claims: list[BudgetClaim]) -> tuple[Callable[[DriverSql], Hold], bool, Staged[Hold] | None]:
         """The write that holds: (op, isolated, staged), as the writer takes them."""
         # One request may hold more than once (a retry or an escalation): number them.
