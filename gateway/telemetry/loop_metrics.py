@@ -47,42 +47,34 @@ class LoopCounter:
     def family(self) -> CounterMetricFamily:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for labels, value in list(self._values.items()):
-            family.add_metric(list(labels), value, created=self._created[labels])
+            family.add_metric(list(labels), self._exported(value), created=self._created[labels])
         return family
+
+    def _exported(self, value: float) -> float:
+        return value
 
 
 class LoopMoneyCounter(LoopCounter):
-    """A counter of money: `inc(labels, pico_dollars)` adds exact integers, and a
-    scrape shows each total in USD (pico-dollars / 1e12). Only the exported value is a
-    float, so a long-running total never drifts from the ledger's sum."""
+    """A counter of money: `inc(labels, pico_dollars)` adds exact integers (an int
+    plus an int stays one), and a scrape shows each total in USD (pico-dollars / 1e12).
+    Only the exported value is a float, so a long-running total never drifts from the
+    ledger's sum."""
 
     PICO_PER_USD = 10**12
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
-        super().__init__(name, documentation, labelnames)
-        self._pico: dict[Labels, int] = {}
 
     def inc(self, labels: Labels, amount: float = 1) -> None:
         if not isinstance(amount, int) or amount < 0:
             raise ValueError(f"{self.name}: counts whole, non-negative pico-dollars, not {amount!r}")
-        pico = self._pico.get(labels)
-        if pico is None:
-            _check_labels(self.name, self.labelnames, labels)
-            self._created[labels] = time.time()
-            pico = 0
-        self._pico[labels] = pico + amount
+        super().inc(labels, amount)
 
     def pico(self, labels: Labels) -> int:
-        return self._pico.get(labels, 0)
+        return int(self._values.get(labels, 0))
 
     def value(self, labels: Labels) -> float:
-        return self.pico(labels) / self.PICO_PER_USD
+        return self._exported(self._values.get(labels, 0))
 
-    def family(self) -> CounterMetricFamily:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for labels, pico in list(self._pico.items()):
-            family.add_metric(list(labels), pico / self.PICO_PER_USD, created=self._created[labels])
-        return family
+    def _exported(self, value: float) -> float:
+        return value / self.PICO_PER_USD
 
 
 class LoopHistogram:
