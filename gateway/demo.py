@@ -196,9 +196,9 @@ def run_demo(args: argparse.Namespace) -> int:
         return uvicorn.Server(config)
 
     servers = [
-        server(create_hosted_app(HostedSimConfig(), demo.files.hosted_usage), args.hosted_port),
-        server(create_vllm_app(VllmSimConfig()), args.vllm_port),
-        server(create_anthropic_app(usage_journal=demo.files.anthropic_usage), args.anthropic_port),
+        server(create_hosted_app(HostedSimConfig(), demo.files.hosted_usage), ports["hosted"]),
+        server(create_vllm_app(VllmSimConfig()), ports["vllm"]),
+        server(create_anthropic_app(usage_journal=demo.files.anthropic_usage), ports["anthropic"]),
         server(create_app(settings), args.port),
     ]
     try:

@@ -16,10 +16,10 @@ from itertools import groupby
 
 import redis.asyncio as redis
 
-# Buckets that refill slower than this (only test set-ups) are forgiven after a day.
 from gateway.admission.buckets import TakeResult, merge_takes, seconds_to_full
 from gateway.types.limits import BucketSpec
 
+# Buckets that refill slower than this (only test set-ups) are forgiven after a day.
 _MAX_TTL_MS = 86_400_000
 
 _PRELUDE = """

@@ -3,8 +3,9 @@
 vLLM caches a prompt in fixed blocks of tokens; a block's hash chains from its parent's,
 and the request's `cache_salt` is mixed into the first block only, so two tenants'
 identical prompts share no block (PROTOCOLS.md). The router mirrors that shape without
-tokenizing (a tokenizer would cost far more than all the rest of the routing): the prompt is rendered in prefix order - tools, then each message's role and content -
-and cut into blocks of `block_tokens * BYTES_PER_TOKEN` bytes, about a KV block each
+tokenizing (a tokenizer would cost far more than all the rest of the routing): the
+prompt is rendered in prefix order - tools, then each message's role and content - and
+cut into blocks of `block_tokens * BYTES_PER_TOKEN` bytes, about a KV block each
 for English text. The hashes are the router's own: they only have to agree with
 themselves (and with every other gateway replica), never with vLLM's.
 
